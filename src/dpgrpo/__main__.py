@@ -1,0 +1,3 @@
+from dpgrpo.cli import main
+
+main()

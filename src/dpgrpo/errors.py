@@ -1,0 +1,44 @@
+"""Exceptions. Library code raises these; the CLI turns them into one-line messages.
+
+Privacy rules broken at run time raise a subclass of :class:`PrivacyError` that says which
+rule and why it matters, never a bare ``assert`` (which ``python -O`` would strip).
+"""
+
+from __future__ import annotations
+
+
+class DPGRPOError(Exception):
+    """Base class of every error dpgrpo raises on purpose."""
+
+
+class ConfigError(DPGRPOError, ValueError):
+    """A configuration or command-line value is missing, unknown or inconsistent."""
+
+
+class DataError(DPGRPOError, ValueError):
+    """Bad input data. The message names the file, the line (or row) and the field."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 field: str | None = None) -> None:
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if line is not None:
+            where.append(f"line {line}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+        self.path, self.line, self.field = path, line, field
+
+
+class PrivacyError(DPGRPOError):
+    """A privacy invariant would be broken; the message says which one and why."""
+
+
+class PrivacyBudgetError(PrivacyError, ValueError):
+    """The requested (epsilon, delta) cannot be met, or accounting parameters are invalid."""
+
+
+class ReleaseError(PrivacyError):
+    """Something private (generator states, telemetry) would be written into a release."""
