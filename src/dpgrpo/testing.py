@@ -1,0 +1,91 @@
+"""A tiny random causal LM and tokenizer, built offline in about a second.
+
+Used by the tests, by ``dpgrpo verify`` for the model-dependent mechanism checks, and by the
+benchmarks. The model is a 2-layer Llama (the SmolLM2 architecture) with random weights; the
+tokenizer is a byte-level BPE trained on a fixed corpus, with a ChatML chat template, so every
+code path that needs ``apply_chat_template``, padding and EOS works without a download.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_CORPUS = [
+    "What is 12 plus 30? The answer is 42.",
+    "Tom has 3 apples and buys 4 more. How many apples does he have? 7",
+    "Answer: A B C D E. The final answer is \\boxed{5}.",
+    "0 1 2 3 4 5 6 7 8 9 + - * / = ( ) , . ? ! : ; # $ % { } [ ] \\ ^ _",
+    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "You are a helpful assistant. Solve the problem step by step.",
+]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tiny_tokenizer(vocab_size: int = 512):
+    """Train a small byte-level BPE tokenizer with ChatML special tokens (deterministic)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_model(tokenizer, *, seed: int = 0, hidden_size: int = 32, layers: int = 2,
+                     dtype: str = "float32"):
+    """A random 2-layer Llama whose vocabulary matches ``tokenizer``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.to(getattr(torch, dtype))
+
+
+def save_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
+    """Write a tiny model and tokenizer to ``directory`` (loadable with ``from_pretrained``)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, seed=seed)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

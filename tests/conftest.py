@@ -1,0 +1,34 @@
+"""Shared fixtures: the tiny random model, the benchmark data folder, thread limits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("DPGRPO_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Two cores, two xdist workers: one intra-op thread per worker.
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The read-only benchmark folder (../shared/data beside the repo)."""
+    if not (SHARED_DATA / "README.md").exists():
+        pytest.fail(f"benchmark data not found at {SHARED_DATA}; set DPGRPO_SHARED_DATA")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a tiny random Llama and its tokenizer (HF format)."""
+    from dpgrpo.testing import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
