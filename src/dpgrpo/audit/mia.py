@@ -1,0 +1,263 @@
+"""DIBA's membership classifier, its cross-validated evaluation and the hardness split.
+
+Pure scikit-learn on a feature matrix (one row per candidate prompt, columns
+:data:`dpgrpo.audit.features.DIBA_FEATURES`). Following the attack paper (Liu et al., "GRPO
+Privacy Is at Risk", Section 5 "Prediction", Section 6 "Evaluation Metrics" and Appendix D):
+
+* the predictor is a stacking classifier whose base estimators are a random forest with 100
+  trees and a logistic-regression pipeline (median imputation with missing indicators, then
+  column-wise standard scaling), combined by a logistic-regression meta-learner trained on
+  cross-validated base predictions;
+* it is evaluated by stratified 5-fold cross-validation with a recorded seed: each fold trains
+  on four fifths of members and non-members and scores the held-out fifth; AUC, balanced
+  accuracy and TPR at 0.1% and 1% FPR are the means over the folds, and the pooled out-of-fold
+  scores give the ROC figure;
+* the hardness split of Table 3 partitions candidates into All-1 (base and fine-tuned mean
+  reward both 1), All-0 (both 0) and Residual (the rest), and fits a dedicated predictor in
+  each subset.
+
+The model-facing code that produces the features is in :mod:`dpgrpo.audit.scoring`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpgrpo.audit.metrics import (
+    DEFAULT_FPRS,
+    AttackMetrics,
+    attack_metrics,
+    mean_metrics,
+)
+
+#: Names of the three hardness subsets (Table 3) and of the whole set.
+ALL_ZERO, ALL_ONE, RESIDUAL, UNIFIED = "All-0", "All-1", "Residual", "Unified"
+
+
+def make_stacking_classifier(*, n_estimators: int = 100, seed: int = 0, inner_folds: int = 5):
+    """DIBA's stacking classifier (Appendix D): random forest + scaled logistic regression.
+
+    ``inner_folds`` is the cross-validation used to produce the meta-learner's training
+    features (scikit-learn's cross-validated stacking), stratified and seeded with ``seed``.
+    """
+    from sklearn.ensemble import RandomForestClassifier, StackingClassifier
+    from sklearn.impute import SimpleImputer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    forest = RandomForestClassifier(n_estimators=n_estimators, random_state=seed, n_jobs=1)
+    linear = make_pipeline(
+        SimpleImputer(strategy="median", add_indicator=True),
+        StandardScaler(),
+        LogisticRegression(max_iter=1000),
+    )
+    return StackingClassifier(
+        estimators=[("random_forest", forest), ("logistic", linear)],
+        final_estimator=LogisticRegression(max_iter=1000),
+        cv=StratifiedKFold(n_splits=inner_folds, shuffle=True, random_state=seed),
+        stack_method="predict_proba",
+        n_jobs=1,
+    )
+
+
+@dataclass(frozen=True)
+class CVResult:
+    """A cross-validated attack: per-fold metrics, their mean, and out-of-fold scores.
+
+    ``oof_scores[i]`` is the member probability of candidate i from the fold that held it out.
+    """
+
+    folds: list[AttackMetrics]
+    mean: AttackMetrics
+    oof_scores: np.ndarray
+    labels: np.ndarray
+    n_folds: int
+    seed: int
+    n_estimators: int
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dictionary (scores omitted)."""
+        return {
+            "n_folds": self.n_folds,
+            "seed": self.seed,
+            "n_estimators": self.n_estimators,
+            "mean": self.mean.to_dict(),
+            "folds": [f.to_dict() for f in self.folds],
+        }
+
+
+def _check_xy(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    x = np.asarray(features, dtype=np.float64)
+    y = np.asarray(labels).astype(int).ravel()
+    if x.ndim != 2 or x.shape[0] != y.size:
+        raise ValueError(f"features {x.shape} do not match {y.size} labels")
+    if not set(np.unique(y)) <= {0, 1}:
+        raise ValueError("labels must be 0 (non-member) or 1 (member)")
+    return x, y
+
+
+def cross_validate_attack(features: np.ndarray, labels: np.ndarray, *, n_folds: int = 5,
+                          seed: int = 0, n_estimators: int = 100,
+                          fprs: tuple[float, ...] = DEFAULT_FPRS) -> CVResult:
+    """Stratified k-fold evaluation of the stacking classifier (DIBA Section 6).
+
+    Each class needs at least ``n_folds`` candidates. Returns the mean metrics over the folds,
+    as the paper reports them, and the pooled out-of-fold member probabilities.
+    """
+    from sklearn.model_selection import StratifiedKFold
+
+    x, y = _check_xy(features, labels)
+    smallest = int(min(y.sum(), y.size - y.sum()))
+    if smallest < n_folds:
+        raise ValueError(f"{n_folds}-fold cross-validation needs at least {n_folds} members and "
+                         f"{n_folds} non-members; the smaller class has {smallest}")
+    splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    oof = np.full(y.size, np.nan)
+    folds: list[AttackMetrics] = []
+    for train, test in splitter.split(x, y):
+        inner = int(min(5, y[train].sum(), (1 - y[train]).sum()))
+        clf = make_stacking_classifier(n_estimators=n_estimators, seed=seed,
+                                       inner_folds=max(2, inner))
+        clf.fit(x[train], y[train])
+        proba = clf.predict_proba(x[test])[:, 1]
+        oof[test] = proba
+        folds.append(attack_metrics(y[test], proba, predictions=clf.predict(x[test]), fprs=fprs))
+    return CVResult(folds, mean_metrics(folds), oof, y, n_folds, seed, n_estimators)
+
+
+def hardness_split(ft_score: Sequence[float], base_score: Sequence[float]) -> np.ndarray:
+    """Table 3's subset of each candidate: All-1, All-0 or Residual (array of names)."""
+    ft = np.asarray(ft_score, dtype=np.float64)
+    base = np.asarray(base_score, dtype=np.float64)
+    out = np.full(ft.shape, RESIDUAL, dtype=object)
+    out[(ft == 1.0) & (base == 1.0)] = ALL_ONE
+    out[(ft == 0.0) & (base == 0.0)] = ALL_ZERO
+    return out
+
+
+@dataclass(frozen=True)
+class SubsetResult:
+    """One hardness subset: its size by class and, when large enough, its CV result."""
+
+    name: str
+    n_members: int
+    n_nonmembers: int
+    result: CVResult | None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dictionary."""
+        return {
+            "subset": self.name,
+            "n_samples": self.n_members + self.n_nonmembers,
+            "n_members": self.n_members,
+            "n_nonmembers": self.n_nonmembers,
+            "metrics": None if self.result is None else self.result.mean.to_dict(),
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+def evaluate_by_hardness(features: np.ndarray, labels: np.ndarray, subsets: Sequence[str], *,
+                         n_folds: int = 5, seed: int = 0, n_estimators: int = 100,
+                         min_per_class: int = 2,
+                         unified: CVResult | None = None) -> list[SubsetResult]:
+    """A dedicated predictor per hardness subset, then on the whole set (Table 3).
+
+    A subset is cross-validated with ``min(n_folds, smaller class size)`` folds; a subset with
+    fewer than ``min_per_class`` candidates of either class gets no metrics, and says why.
+    ``unified``, when given, is reused as the whole-set result instead of refitting.
+    """
+    x, y = _check_xy(features, labels)
+    names = np.asarray(subsets, dtype=object)
+    out: list[SubsetResult] = []
+    for name in (ALL_ZERO, ALL_ONE, RESIDUAL, UNIFIED):
+        sel = np.ones(y.size, bool) if name == UNIFIED else names == name
+        n_mem, n_non = int(y[sel].sum()), int((1 - y[sel]).sum())
+        if name == UNIFIED and unified is not None:
+            out.append(SubsetResult(name, n_mem, n_non, unified))
+            continue
+        k = min(n_folds, n_mem, n_non)
+        if k < min_per_class:
+            out.append(SubsetResult(name, n_mem, n_non, None,
+                                    note=f"too few candidates of one class for {min_per_class}-fold CV"))
+            continue
+        res = cross_validate_attack(x[sel], y[sel], n_folds=k, seed=seed, n_estimators=n_estimators)
+        note = "" if k == n_folds else f"{k}-fold (smaller class has {min(n_mem, n_non)})"
+        out.append(SubsetResult(name, n_mem, n_non, res, note=note))
+    return out
+
+
+@dataclass(frozen=True)
+class ScoreAttack:
+    """A score-only attack (a single feature or a baseline): metrics of the score itself."""
+
+    name: str
+    metrics: AttackMetrics | None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dictionary."""
+        return {"name": self.name, "metrics": None if self.metrics is None
+                else self.metrics.to_dict(), **({"note": self.note} if self.note else {})}
+
+
+def score_attacks(scores: dict[str, np.ndarray], labels: np.ndarray, *,
+                  fprs: tuple[float, ...] = DEFAULT_FPRS) -> list[ScoreAttack]:
+    """Threshold attacks on single scores (higher: member), fixed orientation, no fitting.
+
+    Candidates whose score is NaN are dropped for that score (the note says how many).
+    """
+    y = np.asarray(labels).astype(int).ravel()
+    out: list[ScoreAttack] = []
+    for name, s in scores.items():
+        s = np.asarray(s, dtype=np.float64).ravel()
+        keep = np.isfinite(s)
+        note = "" if keep.all() else f"{int((~keep).sum())} candidates without a score dropped"
+        if y[keep].sum() == 0 or y[keep].sum() == keep.sum():
+            out.append(ScoreAttack(name, None, note or "one class only"))
+            continue
+        out.append(ScoreAttack(name, attack_metrics(y[keep], s[keep], fprs=fprs), note))
+    return out
+
+
+@dataclass(frozen=True)
+class MIAResult:
+    """The full DIBA evaluation: unified CV, hardness split, single features and baselines."""
+
+    unified: CVResult
+    hardness: list[SubsetResult]
+    features: list[ScoreAttack]
+    baselines: list[ScoreAttack] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """A JSON-ready dictionary."""
+        return {
+            "diba": self.unified.to_dict(),
+            "hardness": [h.to_dict() for h in self.hardness],
+            "features": [f.to_dict() for f in self.features],
+            "baselines": [b.to_dict() for b in self.baselines],
+        }
+
+
+def evaluate_diba(features: np.ndarray, labels: np.ndarray, feature_names: Sequence[str], *,
+                  baselines: dict[str, np.ndarray] | None = None, n_folds: int = 5,
+                  seed: int = 0, n_estimators: int = 100) -> MIAResult:
+    """Run the whole evaluation on a DIBA feature matrix (columns named by ``feature_names``).
+
+    The hardness split needs the ``ft_score`` and ``base_score`` columns.
+    """
+    x, y = _check_xy(features, labels)
+    names = list(feature_names)
+    if len(names) != x.shape[1]:
+        raise ValueError(f"{len(names)} feature names for {x.shape[1]} columns")
+    unified = cross_validate_attack(x, y, n_folds=n_folds, seed=seed, n_estimators=n_estimators)
+    subsets = hardness_split(x[:, names.index("ft_score")], x[:, names.index("base_score")])
+    hardness = evaluate_by_hardness(x, y, subsets, n_folds=n_folds, seed=seed,
+                                    n_estimators=n_estimators, unified=unified)
+    singles = score_attacks({n: x[:, i] for i, n in enumerate(names)}, y)
+    return MIAResult(unified, hardness, singles, score_attacks(baselines or {}, y))

@@ -1,0 +1,89 @@
+"""DIBA's stacking classifier, cross-validation and the Table 3 hardness split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpgrpo.audit.features import DIBA_FEATURES
+from dpgrpo.audit.mia import (
+    cross_validate_attack,
+    evaluate_diba,
+    hardness_split,
+    make_stacking_classifier,
+)
+
+
+def _synthetic(n_per_class: int, shift: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = np.array([1] * n_per_class + [0] * n_per_class)
+    x = rng.normal(size=(2 * n_per_class, len(DIBA_FEATURES)))
+    x[:, 3:] += shift * y[:, None]                      # logit-side columns carry the signal
+    x[:, 0] = rng.integers(0, 3, 2 * n_per_class) / 2   # ft_score, base_score in {0, .5, 1}
+    x[:, 1] = rng.integers(0, 3, 2 * n_per_class) / 2
+    return x, y
+
+
+def test_classifier_is_the_papers_stack():
+    clf = make_stacking_classifier(seed=7)
+    forest, linear = (est for _, est in clf.estimators)
+    assert forest.n_estimators == 100 and forest.random_state == 7
+    imputer = linear.steps[0][1]
+    assert imputer.strategy == "median" and imputer.add_indicator
+    assert type(linear.steps[1][1]).__name__ == "StandardScaler"
+    assert type(clf.final_estimator).__name__ == "LogisticRegression"
+
+
+def test_separable_data_auc_near_one():
+    x, y = _synthetic(30, shift=6.0, seed=0)
+    res = cross_validate_attack(x, y, n_folds=5, seed=0, n_estimators=10)
+    assert res.mean.auc > 0.98
+    assert res.mean.balanced_accuracy > 0.9
+    assert res.mean.tpr_at_fpr["0.001"] > 0.8
+    assert len(res.folds) == 5 and not np.isnan(res.oof_scores).any()
+    assert (res.mean.n_members, res.mean.n_nonmembers) == (30, 30)
+
+
+def test_random_data_auc_near_half():
+    x, y = _synthetic(40, shift=0.0, seed=1)
+    res = cross_validate_attack(x, y, n_folds=5, seed=0, n_estimators=10)
+    assert 0.3 < res.mean.auc < 0.7
+    assert 0.3 < res.mean.balanced_accuracy < 0.7
+
+
+def test_seed_makes_it_reproducible_and_nan_is_imputed():
+    x, y = _synthetic(20, shift=1.0, seed=2)
+    x[::7, 4] = np.nan
+    a = cross_validate_attack(x, y, n_folds=4, seed=3, n_estimators=5)
+    b = cross_validate_attack(x, y, n_folds=4, seed=3, n_estimators=5)
+    assert np.array_equal(a.oof_scores, b.oof_scores)
+    with pytest.raises(ValueError, match="at least 5 members"):
+        cross_validate_attack(x[:24], y[:24], n_folds=5)
+
+
+def test_hardness_split():
+    names = hardness_split([1.0, 0.0, 0.5, 1.0, 0.0], [1.0, 0.0, 0.5, 0.0, 1.0])
+    assert names.tolist() == ["All-1", "All-0", "Residual", "Residual", "Residual"]
+
+
+def test_evaluate_diba_reports_every_subset():
+    x, y = _synthetic(20, shift=4.0, seed=4)
+    x[:6, 0] = x[:6, 1] = 1.0                           # 6 members in All-1
+    x[20:23, 0] = x[20:23, 1] = 1.0                     # 3 non-members in All-1
+    x[6:8, 0] = x[6:8, 1] = 0.0                         # All-0: 2 members, no non-member
+    x[23:, 0] = np.where(x[23:, 0] == x[23:, 1], 0.5, x[23:, 0])
+    x[8:20, 0] = np.where(x[8:20, 0] == x[8:20, 1], 0.5, x[8:20, 0])
+    base = {"loss": y + np.linspace(0, 0.5, 40), "zlib": -y.astype(float)}
+    res = evaluate_diba(x, y, DIBA_FEATURES, baselines=base, n_folds=5, seed=0, n_estimators=5)
+    subsets = {h.name: h for h in res.hardness}
+    assert set(subsets) == {"All-0", "All-1", "Residual", "Unified"}
+    assert (subsets["All-1"].n_members, subsets["All-1"].n_nonmembers) == (6, 3)
+    assert subsets["All-1"].result.n_folds == 3
+    assert subsets["All-0"].result is None and "too few" in subsets["All-0"].note
+    assert subsets["Unified"].result is res.unified
+    assert sum(h.n_members + h.n_nonmembers for h in res.hardness[:3]) == 40
+    scores = {b.name: b.metrics for b in res.baselines}
+    assert scores["loss"].auc == 1.0 and scores["zlib"].auc == 0.0
+    assert {f.name for f in res.features} == set(DIBA_FEATURES)
+    d = res.to_dict()
+    assert d["diba"]["n_folds"] == 5 and len(d["hardness"]) == 4
