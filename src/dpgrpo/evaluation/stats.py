@@ -246,18 +246,20 @@ class Contrast:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (tuples become lists, NaN becomes None)."""
-        out = _plain(asdict(self))
+        out = jsonable(asdict(self))
         out["mcnemar_p"] = [m.p for m in self.mcnemar]
         out["ci_contains_zero"] = self.ci_contains_zero
         return out
 
 
-def _plain(x: Any) -> Any:
-    """Recursively turn tuples into lists and NaN into None for JSON."""
+def jsonable(x: Any) -> Any:
+    """Recursively turn tuples into lists, NaN into None and numpy scalars into Python ones."""
     if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
+        return {k: jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
     if isinstance(x, float) and x != x:
         return None
     return x

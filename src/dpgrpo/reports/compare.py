@@ -1,0 +1,206 @@
+"""Compare evaluated arms: accuracies, paired contrasts and lengths (paper Section VIII).
+
+:func:`compare_arms` computes everything from loaded arms; :func:`run_compare` loads the
+inputs, computes, and writes ``report.md``, PNG figures and optionally ``report.json``. The
+focal arm ``dp-grpo`` is contrasted with every other arm, the base included (Table II); when
+it is absent every arm is contrasted with the base. Every non-base arm is also placed against
+the base (Fig. 2). Intervals, tests and MDEs are :mod:`dpgrpo.evaluation.stats` (Sec. VII-E).
+
+Seed pairing: the base is one greedy evaluation and is paired with every seed of the other
+arm; two trained arms pair their seeds in seed order, the first ``min(k_A, k_B)`` of each
+(as the paper pairs DP-GRPO seeds 1-2 with the two supervised seeds, Table XI).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.evaluation import stats
+from dpgrpo.reports.inputs import Arm, load_arms
+
+FOCAL_ARM = "dp-grpo"
+HolmFamily = Literal["contrast", "report"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Analysis settings recorded with every report (Appendix C-C)."""
+
+    draws: int = stats.DEFAULT_BOOTSTRAP_DRAWS
+    sign_draws: int = stats.DEFAULT_SIGN_DRAWS
+    seed: int = stats.DEFAULT_SEED
+    level: float = 0.95
+    alpha: float = 0.05
+    power: float = 0.8
+    holm_family: HolmFamily = "contrast"
+
+    def __post_init__(self) -> None:
+        if self.draws < 1 or self.sign_draws < 1:
+            raise ConfigError("--draws and --sign-draws must be positive")
+        if not 0 < self.level < 1 or not 0 < self.alpha < 1 or not 0 < self.power < 1:
+            raise ConfigError("level, alpha and power must lie in (0, 1)")
+        if self.holm_family not in ("contrast", "report"):
+            raise ConfigError(f"holm family must be 'contrast' or 'report', "
+                              f"got {self.holm_family!r}")
+
+
+@dataclass(frozen=True)
+class ContrastRow:
+    """A named contrast: ``arm`` minus ``comparator`` under one scorer."""
+
+    arm: str
+    comparator: str
+    scorer: str
+    result: stats.Contrast
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.arm, "comparator": self.comparator, "scorer": self.scorer,
+                **self.result.to_dict()}
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    """Per-arm accuracies (pp) per scorer and per seed, response lengths and cap rates."""
+
+    name: str
+    seeds: tuple[int | str, ...]
+    paths: tuple[str, ...]
+    accuracy: dict[str, float]                       # scorer -> mean over seeds, pp
+    seed_accuracy: dict[str, tuple[float, ...]]      # scorer -> per seed, pp
+    mean_tokens: float
+    seed_mean_tokens: tuple[float, ...]
+    cap_rate: float                                  # pp
+    seed_cap_rate: tuple[float, ...]                 # pp
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Everything ``report.md`` and ``report.json`` show."""
+
+    n_problems: int
+    base: str
+    focal: str | None
+    scorers: tuple[str, ...]
+    arms: tuple[ArmSummary, ...]                     # base first
+    contrasts: tuple[ContrastRow, ...]               # focal vs each comparator (Table II)
+    versus_base: tuple[ContrastRow, ...]             # each arm vs base (Fig. 2)
+    settings: Settings = field(default_factory=Settings)
+
+    def arm(self, name: str) -> ArmSummary:
+        return next(a for a in self.arms if a.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report's numbers as plain JSON-ready data."""
+        return {
+            "n_problems": self.n_problems, "base": self.base, "focal": self.focal,
+            "scorers": list(self.scorers),
+            "settings": {**self.settings.__dict__, "mde_formula": MDE_FORMULA},
+            "arms": [stats.jsonable(a.__dict__) for a in self.arms],
+            "contrasts": [c.to_dict() for c in self.contrasts],
+            "versus_base": [c.to_dict() for c in self.versus_base],
+        }
+
+
+MDE_FORMULA = ("MDE = (z_{1-alpha/2} + z_{power}) * SE, SE = 100 * sd(d_j) / sqrt(n), "
+               "d_j = per-problem difference of seed-averaged correctness")
+
+
+def summarize_arm(arm: Arm) -> ArmSummary:
+    """Accuracy per scorer (pp; mean of seeds and per seed), mean tokens and cap rate."""
+    return ArmSummary(
+        name=arm.name, seeds=arm.seeds, paths=tuple(str(p) for p in arm.paths),
+        accuracy={s: 100 * float(c.mean()) for s, c in arm.correct.items()},
+        seed_accuracy={s: tuple(100 * float(x) for x in c.mean(axis=1))
+                       for s, c in arm.correct.items()},
+        mean_tokens=float(arm.n_tokens.mean()),
+        seed_mean_tokens=tuple(float(x) for x in arm.n_tokens.mean(axis=1)),
+        cap_rate=100 * float(arm.hit_cap.mean()),
+        seed_cap_rate=tuple(100 * float(x) for x in arm.hit_cap.mean(axis=1)))
+
+
+def _scorers(arms: Sequence[Arm]) -> tuple[str, ...]:
+    """Scorers in first-seen order, 'strict' first."""
+    seen: list[str] = []
+    for a in arms:
+        seen += [s for s in a.correct if s not in seen]
+    return tuple(sorted(seen, key=lambda s: (s != "strict", seen.index(s))))
+
+
+def compare_arms(base: Arm, arms: Sequence[Arm], settings: Settings = Settings()) -> Comparison:
+    """Compute every accuracy and contrast of the report (Sections VII-E, VIII)."""
+    everything = [base, *arms]
+    if len({a.name for a in everything}) != len(everything):
+        raise ConfigError("arm names must be distinct")
+    scorers = _scorers(everything)
+    cache: dict[tuple[str, str, str], stats.Contrast] = {}
+
+    def rows(pairs: Sequence[tuple[Arm, Arm]]) -> list[ContrastRow]:
+        out = []
+        for a, b in pairs:
+            for s in scorers:
+                if s not in a.correct or s not in b.correct:
+                    continue
+                key = (a.name, b.name, s)
+                if key not in cache:
+                    x, y = a.correct[s], b.correct[s]                    # (k_a, n), (k_b, n)
+                    if base.name not in (a.name, b.name):
+                        k = min(len(x), len(y))
+                        x, y = x[:k], y[:k]
+                    cache[key] = stats.contrast(
+                        x, y, draws=settings.draws,
+                        sign_draws=settings.sign_draws, seed=settings.seed,
+                        level=settings.level, alpha=settings.alpha, power=settings.power)
+                out.append(ContrastRow(a.name, b.name, s, cache[key]))
+        return out
+
+    focal = next((a for a in arms if a.name == FOCAL_ARM), None)
+    if focal is not None:
+        comparators = [a for a in arms if a is not focal] + [base]
+        contrasts = rows([(focal, b) for b in comparators])
+    else:
+        contrasts = rows([(a, base) for a in arms])
+    if settings.holm_family == "report" and contrasts:
+        adjusted = stats.adjust_family([c.result for c in contrasts])
+        contrasts = [ContrastRow(c.arm, c.comparator, c.scorer, r)
+                     for c, r in zip(contrasts, adjusted)]
+    return Comparison(
+        n_problems=int(base.n_tokens.shape[1]), base=base.name,
+        focal=focal.name if focal else None, scorers=scorers,
+        arms=tuple(summarize_arm(a) for a in everything), contrasts=tuple(contrasts),
+        versus_base=tuple(rows([(a, base) for a in arms])), settings=settings)
+
+
+def write_outputs(comparison: Comparison, out_dir: Path, *, write_json: bool = False,
+                  figures: bool = True) -> list[Path]:
+    """Write report.md, the PNG figures and (optionally) report.json; return the paths."""
+    from dpgrpo.reports.tables import render_report
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if figures:
+        from dpgrpo.reports.figures import write_figures
+
+        written += write_figures(comparison, out_dir)
+    report = out_dir / "report.md"
+    report.write_text(render_report(comparison, [p.name for p in written]), encoding="utf-8")
+    written.insert(0, report)
+    if write_json:
+        path = out_dir / "report.json"
+        path.write_text(json.dumps(comparison.to_dict(), indent=2) + "\n", encoding="utf-8")
+        written.insert(1, path)
+    return written
+
+
+def run_compare(inputs: Sequence[Path], base: Path, out_dir: Path, *,
+                labels: Sequence[str] | None = None, settings: Settings = Settings(),
+                write_json: bool = False, figures: bool = True) -> tuple[Comparison, list[Path]]:
+    """Load the inputs, compare them with the base and write the report (``dpgrpo compare``)."""
+    base_arm, arms = load_arms([Path(p) for p in inputs], Path(base), labels)
+    comparison = compare_arms(base_arm, arms, settings)
+    return comparison, write_outputs(comparison, out_dir, write_json=write_json, figures=figures)
+
