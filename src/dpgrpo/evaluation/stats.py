@@ -12,7 +12,7 @@ problem ``j``; ``n`` problems; ``k`` paired seeds; the per-problem pooled differ
 and the pooled contrast is ``Delta = 100 * mean_j d_j``.
 
 Both resampling procedures are exact reductions of the textbook ones, which keeps 100,000
-bootstrap draws and 1,000,000 sign flips over thousands of problems at well under a second:
+bootstrap draws and 1,000,000 sign flips over thousands of problems to about a second:
 
 * bootstrap: a resample's mean depends only on how many times each *distinct* value of ``d``
   was drawn, and those counts are Multinomial(n, frequencies), so we draw the counts;
