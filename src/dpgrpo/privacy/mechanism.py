@@ -1,0 +1,186 @@
+"""The Gaussian mechanism over per-prompt gradients (Algorithm 1, lines 7-9; Appendix A-A).
+
+Pure functions over a batch of per-record gradients with a leading record axis, given either as
+one tensor ``(B, ...)`` or as a mapping ``name -> (B, *param_shape)``. A record is one prompt
+with all of its completions, so each record's gradient already sums its G completions.
+
+    g_bar_i = g_i * min(1, C / ||g_i||_2)          (Eq. 4; the norm is joint over all tensors)
+    U       = sum_i g_bar_i + z,  z ~ N(0, sigma^2 C^2 I)        (noise exactly once)
+    g_hat   = U / (q n)                             (the public expected batch size)
+
+A record whose gradient has a non-finite entry is replaced by zero before clipping, by a fixed
+rule that does not depend on any other record (assumption A2). This module is the only place in
+dpgrpo where gradients of different records are combined.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+import torch
+
+from dpgrpo.errors import PrivacyError
+from dpgrpo.privacy.noise import NoiseSource
+
+PerRecordGrads = Union[torch.Tensor, Mapping[str, torch.Tensor]]
+Grads = dict[str, torch.Tensor]
+
+_SINGLE = "__tensor__"
+
+
+def _as_dict(grads: PerRecordGrads) -> Grads:
+    if isinstance(grads, torch.Tensor):
+        return {_SINGLE: grads}
+    if not grads:
+        raise PrivacyError("per-record gradients are empty: no tensors to clip")
+    return dict(grads)
+
+
+def _like_input(grads: PerRecordGrads, out: Grads) -> torch.Tensor | Grads:
+    return out[_SINGLE] if isinstance(grads, torch.Tensor) else out
+
+
+def _work_dtype(t: torch.Tensor) -> torch.dtype:
+    """Clipping and noise run in fp64 for fp64 gradients, otherwise in fp32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def num_records(grads: PerRecordGrads) -> int:
+    """Size of the leading record axis (consistent across all tensors)."""
+    d = _as_dict(grads)
+    sizes = {t.shape[0] if t.dim() > 0 else -1 for t in d.values()}
+    if len(sizes) != 1 or -1 in sizes:
+        raise PrivacyError(f"every tensor needs the same leading record axis; got sizes {sizes}")
+    return sizes.pop()
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """View a per-record tensor as (B, d), also for B = 0 and for scalar records."""
+    return t.reshape(t.shape[0], 1) if t.dim() == 1 else t.flatten(start_dim=1)
+
+
+def per_record_norms(grads: PerRecordGrads) -> torch.Tensor:
+    """Joint L2 norm of each record over all of its tensors, shape (B,), in the work dtype."""
+    d = _as_dict(grads)
+    b = num_records(d)
+    dtype = _work_dtype(next(iter(d.values())))
+    sq = torch.zeros(b, dtype=dtype, device=next(iter(d.values())).device)
+    for t in d.values():
+        sq += _rows(t).to(dtype).pow(2).sum(dim=1)
+    return sq.sqrt()
+
+
+def nonfinite_records(grads: PerRecordGrads) -> torch.Tensor:
+    """Boolean mask (B,) of records that have any NaN or infinite entry."""
+    d = _as_dict(grads)
+    b = num_records(d)
+    bad = torch.zeros(b, dtype=torch.bool, device=next(iter(d.values())).device)
+    for t in d.values():
+        bad |= ~torch.isfinite(_rows(t)).all(dim=1)
+    return bad
+
+
+def sanitize_nonfinite(grads: PerRecordGrads) -> tuple[torch.Tensor | Grads, torch.Tensor]:
+    """Replace every non-finite record by the zero vector; returns (grads, mask of replaced)."""
+    d = _as_dict(grads)
+    bad = nonfinite_records(d)
+    out = {}
+    for name, t in d.items():
+        keep = (~bad).view(-1, *([1] * (t.dim() - 1)))
+        out[name] = torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    return _like_input(grads, out), bad
+
+
+def clip_per_record(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | Grads:
+    """Scale each record to L2 norm at most C (Eq. 4), jointly over its tensors.
+
+    ``clip_norm = inf`` disables clipping (non-private reference runs only).
+    """
+    if not clip_norm > 0:
+        raise PrivacyError(f"clipping norm C must be > 0, got {clip_norm}")
+    d = _as_dict(grads)
+    if math.isinf(clip_norm):
+        return _like_input(grads, {k: v.to(_work_dtype(v)) for k, v in d.items()})
+    norms = per_record_norms(d)
+    # min(1, C / ||g||): records with zero norm get factor 1 (C / 0 = inf).
+    factor = torch.clamp(clip_norm / norms, max=1.0)
+    out = {}
+    for name, t in d.items():
+        shape = (-1,) + (1,) * (t.dim() - 1)
+        out[name] = t.to(factor.dtype) * factor.view(shape)
+    return _like_input(grads, out)
+
+
+def sum_records(grads: PerRecordGrads) -> torch.Tensor | Grads:
+    """Sum over the record axis; an empty batch gives zeros of the parameter shapes."""
+    d = _as_dict(grads)
+    return _like_input(grads, {k: v.to(_work_dtype(v)).sum(dim=0) for k, v in d.items()})
+
+
+def clip_and_sum(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | Grads:
+    """Sanitize non-finite records to zero, clip each record to C, and sum (lines 7-8)."""
+    clean, _ = sanitize_nonfinite(grads)
+    return sum_records(clip_per_record(clean, clip_norm))
+
+
+def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, clip_norm: float,
+                       noise: NoiseSource) -> torch.Tensor | Grads:
+    """Add N(0, sigma^2 C^2 I) to the sum, once, to every coordinate of every tensor (line 8)."""
+    if noise_multiplier < 0:
+        raise PrivacyError(f"noise multiplier must be >= 0, got {noise_multiplier}")
+    if noise_multiplier > 0 and math.isinf(clip_norm):
+        raise PrivacyError("noise with an infinite clipping norm has infinite scale: a private "
+                           "run needs a finite C, because sensitivity is bounded only by clipping")
+    std = noise_multiplier * clip_norm if noise_multiplier > 0 else 0.0
+    d = summed if isinstance(summed, dict) else {_SINGLE: summed}
+    out = {k: v + noise.normal(v.shape, std, v.dtype).to(v.device) for k, v in d.items()}
+    return out if isinstance(summed, dict) else out[_SINGLE]
+
+
+@dataclass(frozen=True)
+class PrivatizedUpdate:
+    """The noisy average gradient of one round and its (private) bookkeeping.
+
+    ``update`` is safe to apply. ``num_records``, ``num_nonfinite`` and ``num_clipped`` are
+    training-time telemetry computed from private data: they belong in ``recovery/`` only.
+    """
+
+    update: torch.Tensor | Grads
+    num_records: int
+    num_nonfinite: int
+    num_clipped: int
+
+    @property
+    def finite(self) -> bool:
+        """False if the noisy update has a non-finite entry (the trainer then skips the step)."""
+        d = self.update if isinstance(self.update, dict) else {_SINGLE: self.update}
+        return all(bool(torch.isfinite(t).all()) for t in d.values())
+
+
+def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: float,
+              expected_batch: float, noise: NoiseSource) -> PrivatizedUpdate:
+    """One round of the mechanism: sanitize, clip, sum, add noise once, divide by q*n.
+
+    Args:
+        grads: per-prompt gradients with a leading record axis (possibly of size 0).
+        clip_norm: C; ``inf`` only together with ``noise_multiplier = 0``.
+        noise_multiplier: sigma (0 for non-private reference runs).
+        expected_batch: the public q * n. Never pass the realized batch size: it depends on the
+            data through the sampled presence bits and would void the analysis (Appendix A-G).
+        noise: the round's noise source; :meth:`NoiseSource.start_round` is called here.
+    """
+    if not expected_batch > 0:
+        raise PrivacyError(f"the denominator q*n must be > 0, got {expected_batch}")
+    b = num_records(grads)
+    clean, bad = sanitize_nonfinite(grads)
+    norms = per_record_norms(clean)
+    summed = sum_records(clip_per_record(clean, clip_norm))
+    noise.start_round()
+    noisy = add_gaussian_noise(summed, noise_multiplier, clip_norm, noise)
+    d = noisy if isinstance(noisy, dict) else {_SINGLE: noisy}
+    scaled = {k: v / expected_batch for k, v in d.items()}
+    update = scaled if isinstance(noisy, dict) else scaled[_SINGLE]
+    clipped = int((norms > clip_norm).sum()) if math.isfinite(clip_norm) else 0
+    return PrivatizedUpdate(update, b, int(bad.sum()), clipped)

@@ -1,0 +1,130 @@
+"""Accounting: the paper's Tables VI/VII, the JAX-Privacy reference, properties, calibration."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from dpgrpo.errors import PrivacyBudgetError
+from dpgrpo.privacy.accounting import (
+    PrivacyLedger,
+    RoundEvent,
+    calibrate,
+    compute_epsilon,
+    default_delta,
+    group_privacy,
+    pld_epsilon,
+    replace_one,
+)
+
+# (n, m, sigma at full precision (Table VII), T, PLD eps (Table VI), RDP eps, RDP order)
+TABLE_VI = [
+    ("MATH eps=1", 6988, 128, 1.0023417361080647, 50, 1.000, 1.463, 7.6),
+    ("MATH eps=4.23", 6988, 128, 0.612058477104, 50, 4.235, 5.322, 3.2),
+    ("MATH reference", 6988, 128, 0.4842404738068581, 50, 8.000, 9.830, 2.3),
+    ("MATH DP-SFT T=100", 6988, 128, 0.519267738191411, 100, 8.000, 9.702, 2.3),
+    ("MATH coverage", 6988, 512, 0.7022244453430175, 50, 8.000, 9.323, 2.6),
+    ("MATH hist. rank-4", 6988, 128, 0.612058477104, 100, 5.038, 6.185, 3.0),
+    ("GSM8K, CSQA", 6961, 128, 0.5196564674377442, 100, 8.000, 9.701, 2.3),
+]
+
+
+@pytest.mark.parametrize("name,n,m,sigma,steps,pld,rdp,order", TABLE_VI, ids=[r[0] for r in TABLE_VI])
+def test_paper_table_vi(name, n, m, sigma, steps, pld, rdp, order):
+    report = compute_epsilon(n, m, steps, sigma)
+    assert report.delta == pytest.approx(1 / (10 * n))
+    assert round(report.epsilon, 3) == pytest.approx(pld, abs=1e-9)
+    assert report.rdp_epsilon == pytest.approx(rdp, rel=0.01)
+
+
+def test_jax_privacy_reference_value():
+    eps = pld_epsilon([RoundEvent(0.1, 3.0, 512)], 1e-6)
+    assert abs(eps - 3.77) < 1e-3  # the paper reports 3.7697 (|diff| 3.1e-4)
+
+
+def test_epsilon_properties():
+    base = dict(n=1000, expected_batch=20, steps=20, sigma=1.0, delta=1e-5)
+    e0 = compute_epsilon(**base).epsilon
+    assert compute_epsilon(**{**base, "sigma": 1.2}).epsilon < e0  # decreases in sigma
+    assert compute_epsilon(**{**base, "steps": 40}).epsilon > e0  # increases in T
+    assert compute_epsilon(**{**base, "expected_batch": 40}).epsilon > e0  # increases in q
+    assert compute_epsilon(**base).rdp_epsilon >= e0  # RDP is the looser bound
+
+
+@pytest.mark.parametrize("n,m,steps,target,paper_sigma", [
+    (6988, 128, 50, 8.0, 0.4842404738068581),
+    (6961, 128, 100, 8.0, 0.5196564674377442),
+])
+def test_calibration_meets_target_and_is_smallest(n, m, steps, target, paper_sigma):
+    cal = calibrate(n, m, steps, target)
+    assert cal.epsilon <= target  # never overshoots
+    assert cal.epsilon_below > target  # a certified point just below misses the target
+    assert cal.sigma_below < cal.sigma <= cal.sigma_below * (1 + 1e-6)
+    assert abs(cal.sigma / paper_sigma - 1) < 1e-6  # Table VII, full precision
+    assert compute_epsilon(n, m, steps, 0.999 * cal.sigma).epsilon > target
+    assert compute_epsilon(n, m, steps, cal.sigma).epsilon == pytest.approx(cal.epsilon, abs=0)
+
+
+def test_calibration_sequential_path_agrees():
+    a = calibrate(2000, 40, 10, 2.0, parallel=False)
+    b = calibrate(2000, 40, 10, 2.0, parallel=True)
+    assert a.sigma == b.sigma and a.epsilon <= 2.0
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(n=100, expected_batch=200, steps=10, epsilon=1.0),  # m > n
+    dict(n=100, expected_batch=10, steps=10, epsilon=0.0),  # eps <= 0
+    dict(n=100, expected_batch=10, steps=10, epsilon=1.0, delta=1.0),  # delta >= 1
+    dict(n=100, expected_batch=10, steps=0, epsilon=1.0),
+])
+def test_bad_calibration_arguments(kwargs):
+    with pytest.raises(PrivacyBudgetError):
+        calibrate(**kwargs)
+
+
+def test_nonpositive_sigma_rejected():
+    with pytest.raises(PrivacyBudgetError):
+        compute_epsilon(100, 10, 10, 0.0)
+
+
+def test_ledger_round_trip_recomputes_and_composes():
+    n, m, sigma = 1000, 20, 1.1
+    delta = default_delta(n)
+    ledger = PrivacyLedger()
+    for _ in range(15):
+        ledger.record(m / n, sigma)
+    assert ledger.rounds == 15 and len(ledger.events) == 1  # equal rounds merge
+    restored = PrivacyLedger.from_json(json.dumps(json.loads(ledger.to_json())))
+    assert restored.events == ledger.events
+    assert restored.epsilon(delta) == compute_epsilon(n, m, 15, sigma, delta).epsilon
+    both = PrivacyLedger.compose([ledger, restored])
+    assert both.rounds == 30
+    assert both.epsilon(delta) == pytest.approx(compute_epsilon(n, m, 30, sigma, delta).epsilon, rel=1e-9)
+    assert both.epsilon(delta) > ledger.epsilon(delta)
+
+
+def test_ledger_nonprivate_round_is_infinite():
+    ledger = PrivacyLedger([RoundEvent(0.1, 1.0, 3), RoundEvent(0.1, 0.0, 1)])
+    assert math.isinf(ledger.epsilon(1e-5))
+    assert pld_epsilon([], 1e-5) == 0.0
+
+
+def test_conversions():
+    eps2, delta2 = replace_one(1.0, 1e-6)
+    assert eps2 == 2.0 and delta2 == pytest.approx((1 + math.e) * 1e-6)
+    epsk, deltak = group_privacy(0.5, 1e-7, 3)
+    assert epsk == 1.5 and deltak == pytest.approx(3 * math.exp(1.0) * 1e-7)
+    assert group_privacy(0.5, 1e-7, 1) == (0.5, 1e-7)
+    with pytest.raises(PrivacyBudgetError):
+        group_privacy(0.5, 1e-7, 0)
+
+
+def test_round_event_validation():
+    with pytest.raises(PrivacyBudgetError):
+        RoundEvent(1.5, 1.0)
+    with pytest.raises(PrivacyBudgetError):
+        RoundEvent(0.5, -1.0)
+    with pytest.raises(PrivacyBudgetError):
+        RoundEvent(0.5, 1.0, 0)

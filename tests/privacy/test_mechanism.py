@@ -1,0 +1,153 @@
+"""The clip-and-noise mechanism: sensitivity, identities, noise scale, empty batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+from dpgrpo.errors import PrivacyError
+from dpgrpo.privacy.mechanism import (
+    clip_and_sum,
+    clip_per_record,
+    per_record_norms,
+    privatize,
+    sanitize_nonfinite,
+)
+from dpgrpo.privacy.noise import NoiseSource
+
+SHAPES = {"layer1.weight": (4, 3), "layer1.bias": (4,), "layer2.weight": (2, 4)}
+
+
+def _records(b: int, *, seed: int = 0, scale: float = 1.0, dtype=torch.float64) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {k: scale * torch.randn((b, *s), generator=g, dtype=dtype) for k, s in SHAPES.items()}
+
+
+def _cat(a: dict, b: dict) -> dict:
+    return {k: torch.cat([a[k], b[k]]) for k in a}
+
+
+def _norm(d: dict) -> float:
+    return math.sqrt(sum(float(v.pow(2).sum()) for v in d.values()))
+
+
+def test_global_sensitivity_appendix_b():
+    """20 random additions and one adversarial one (1e12): ||f(D') - f(D)|| / C <= 1 + 1e-10."""
+    clip = 0.7
+    base = _records(5)
+    f_d = clip_and_sum(base, clip)
+    additions = [_records(1, seed=100 + i, scale=10.0 ** (i % 5 - 2)) for i in range(20)]
+    additions.append(_records(1, seed=999, scale=1e12))
+    ratios = []
+    for extra in additions:
+        f_d2 = clip_and_sum(_cat(base, extra), clip)
+        ratios.append(_norm({k: f_d2[k] - f_d[k] for k in f_d}) / clip)
+    assert max(ratios) <= 1 + 1e-10
+    assert max(ratios) > 0.999  # the adversarial record is clipped to C, not below
+
+
+def test_clipping_is_joint_over_tensors():
+    recs = _records(6, scale=3.0)
+    clipped = clip_per_record(recs, 1.0)
+    norms_before, norms_after = per_record_norms(recs), per_record_norms(clipped)
+    for before, after in zip(norms_before, norms_after):
+        assert float(after) == pytest.approx(min(1.0, float(before)), rel=1e-12)
+    small = _records(2, scale=1e-3)
+    assert all(torch.equal(small[k], clip_per_record(small, 1.0)[k]) for k in small)
+
+
+def test_no_clip_no_noise_is_plain_sum():
+    recs = _records(7)
+    out = privatize(recs, clip_norm=math.inf, noise_multiplier=0.0, expected_batch=1.0,
+                    noise=NoiseSource(seed=0))
+    for k in recs:
+        assert torch.equal(out.update[k], recs[k].sum(dim=0))
+
+
+def test_divides_by_public_expected_batch_not_realized_size():
+    recs = _records(3, scale=1e-3)
+    out = privatize(recs, clip_norm=10.0, noise_multiplier=0.0, expected_batch=12.5,
+                    noise=NoiseSource(seed=0))
+    assert out.num_records == 3
+    for k in recs:
+        assert torch.allclose(out.update[k], recs[k].sum(dim=0) / 12.5, rtol=0, atol=1e-15)
+
+
+def test_noise_added_exactly_once_with_std_sigma_c():
+    recs = _records(4)
+    sigma, clip, m = 1.3, 0.5, 8.0
+    out = privatize(recs, clip_norm=clip, noise_multiplier=sigma, expected_batch=m,
+                    noise=NoiseSource(seed=123))
+    replay = NoiseSource(seed=123)
+    replay.start_round()
+    summed = clip_and_sum(recs, clip)
+    for k in recs:  # the same stream, drawn once per tensor, in the same order
+        z = replay.normal(summed[k].shape, sigma * clip, summed[k].dtype)
+        assert torch.allclose(out.update[k], (summed[k] + z) / m, rtol=0, atol=1e-12)
+
+
+def test_empirical_noise_std_matches_sigma_c():
+    """Chi-square test of the variance at a fixed false-alarm rate of 1e-6."""
+    sigma, clip, n = 0.8, 0.05, 200_000
+    noise = NoiseSource()  # secure mode, OS entropy
+    empty = {"w": torch.zeros((0, n), dtype=torch.float64)}
+    out = privatize(empty, clip_norm=clip, noise_multiplier=sigma, expected_batch=1.0, noise=noise)
+    z = out.update["w"]
+    stat = float((z.pow(2).sum()) / (sigma * clip) ** 2)  # ~ chi2(n) under H0 (known mean 0)
+    p = 2 * min(stats.chi2.cdf(stat, n), stats.chi2.sf(stat, n))
+    assert p > 1e-6
+    assert float(z.std()) == pytest.approx(sigma * clip, rel=0.01)
+
+
+def test_empty_batch_is_noise_only():
+    empty = {k: torch.zeros((0, *s), dtype=torch.float32) for k, s in SHAPES.items()}
+    out = privatize(empty, clip_norm=0.1, noise_multiplier=2.0, expected_batch=4.0,
+                    noise=NoiseSource(seed=5))
+    assert out.num_records == 0
+    replay = NoiseSource(seed=5)
+    replay.start_round()
+    for k, s in SHAPES.items():
+        assert out.update[k].shape == s
+        assert torch.equal(out.update[k], replay.normal(s, 0.2, torch.float32) / 4.0)
+        assert float(out.update[k].abs().sum()) > 0
+
+
+def test_nonfinite_record_is_zeroed_by_fixed_rule():
+    recs = _records(3)
+    recs["layer2.weight"][1, 0, 0] = float("nan")
+    recs["layer1.bias"][2, 1] = float("inf")
+    clean, bad = sanitize_nonfinite(recs)
+    assert bad.tolist() == [False, True, True]
+    assert all(float(clean[k][1:].abs().sum()) == 0 for k in clean)
+    assert all(torch.equal(clean[k][0], recs[k][0]) for k in clean)
+    out = privatize(recs, clip_norm=1e6, noise_multiplier=0.0, expected_batch=1.0,
+                    noise=NoiseSource(seed=0))
+    assert out.finite and out.num_nonfinite == 2
+
+
+def test_infinite_clip_with_noise_is_a_privacy_error():
+    with pytest.raises(PrivacyError):
+        privatize(_records(2), clip_norm=math.inf, noise_multiplier=1.0, expected_batch=1.0,
+                  noise=NoiseSource(seed=0))
+    with pytest.raises(PrivacyError):
+        privatize(_records(2), clip_norm=1.0, noise_multiplier=1.0, expected_batch=0.0,
+                  noise=NoiseSource(seed=0))
+
+
+def test_single_tensor_input_and_fp32_work_dtype():
+    g = torch.randn(5, 10, dtype=torch.float16)
+    out = clip_and_sum(g, 1.0)
+    assert out.dtype == torch.float32 and out.shape == (10,)
+
+
+def test_secure_noise_reseeds_every_round():
+    noise = NoiseSource()
+    assert noise.releasable and noise.state_dict() == {"source": "os-entropy"}
+    noise.start_round()
+    a = noise.normal((8,), 1.0, torch.float32)
+    noise.start_round()
+    b = noise.normal((8,), 1.0, torch.float32)
+    assert not torch.equal(a, b)

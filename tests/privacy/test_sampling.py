@@ -1,0 +1,57 @@
+"""Poisson sampling: the paper's Appendix B gate and the seeding rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpgrpo.errors import PrivacyBudgetError
+from dpgrpo.privacy.sampling import PoissonSampler
+
+
+def _inclusion_matrix(sampler: PoissonSampler, trials: int) -> np.ndarray:
+    x = np.zeros((trials, sampler.n))
+    for t in range(trials):
+        x[t, sampler.sample()] = 1.0
+    return x
+
+
+def test_appendix_b_gate_os_entropy():
+    """6 slots, q = 0.2, 20,000 trials: frequency error < 0.012, correlation < 0.035."""
+    sampler = PoissonSampler(6, 0.2)
+    assert sampler.releasable and not sampler.seeded
+    x = _inclusion_matrix(sampler, 20_000)
+    assert np.abs(x.mean(axis=0) - 0.2).max() < 0.012
+    corr = np.corrcoef(x, rowvar=False)
+    assert np.abs(corr[~np.eye(6, dtype=bool)]).max() < 0.035
+    # Empty rounds happen (probability 0.8^6 = 0.26) and are returned, not skipped.
+    assert 0.2 < (x.sum(axis=1) == 0).mean() < 0.32
+
+
+def test_seeded_sampler_is_reproducible_and_not_releasable():
+    a, b = PoissonSampler(50, 0.3, seed=7), PoissonSampler(50, 0.3, seed=7)
+    assert not a.releasable
+    draws = [a.sample() for _ in range(5)]
+    assert all(np.array_equal(d, b.sample()) for d in draws)
+    state = a.state_dict()
+    nxt = a.sample()
+    c = PoissonSampler(50, 0.3, seed=7)
+    c.load_state_dict(state)
+    assert np.array_equal(c.sample(), nxt)
+
+
+def test_os_entropy_state_has_no_secret():
+    s = PoissonSampler(10, 0.5)
+    assert s.state_dict() == {"source": "os-entropy"}
+    with pytest.raises(PrivacyBudgetError):
+        s.load_state_dict(PoissonSampler(10, 0.5, seed=1).state_dict())
+
+
+def test_expected_batch_and_validation():
+    assert PoissonSampler(6988, 128 / 6988).expected_batch == pytest.approx(128)
+    assert len(PoissonSampler(100, 0.0).sample()) == 0
+    assert len(PoissonSampler(100, 1.0).sample()) == 100
+    with pytest.raises(PrivacyBudgetError):
+        PoissonSampler(0, 0.1)
+    with pytest.raises(PrivacyBudgetError):
+        PoissonSampler(10, 1.1)
