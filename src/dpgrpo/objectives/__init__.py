@@ -1,1 +1,76 @@
-"""dpgrpo.objectives"""
+"""Per-prompt objectives: what one record (a prompt with its rows) contributes to the loss.
+
+A :class:`TrainBatch` holds B prompts with R rows each (GRPO: the G completions; SFT: the
+target sequences), rows prompt-major. An :class:`Objective` maps rows to per-row losses; the
+loss of prompt i is ``sum_r row_weights[i, r] * row_loss[i, r]`` (Eq. 7 with weights 1/G).
+Every statistic a row loss uses (advantages, token counts) comes from its own prompt, so the
+per-prompt gradient depends on that record alone (Section III-C, first remark; III-D).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class TrainBatch:
+    """B prompts x R rows, rows prompt-major (rows i*R .. i*R+R-1 belong to prompt i)."""
+
+    input_ids: torch.Tensor              # (B*R, L) long
+    attention_mask: torch.Tensor         # (B*R, L)
+    loss_mask: torch.Tensor              # (B*R, L): tokens predicted and entering the loss
+    row_weights: torch.Tensor            # (B, R): per-prompt weights over its own rows
+    num_prompts: int                     # B
+    rows_per_prompt: int                 # R
+    advantages: torch.Tensor | None = None      # (B, R), computed within each prompt
+    ref_logprobs: torch.Tensor | None = None    # (B*R, L) reference-policy token log-probs
+
+    def __post_init__(self) -> None:
+        n, r = self.num_prompts * self.rows_per_prompt, self.rows_per_prompt
+        assert self.input_ids.shape[0] == n, (tuple(self.input_ids.shape), n)
+        assert self.attention_mask.shape == self.input_ids.shape
+        assert self.loss_mask.shape == self.input_ids.shape
+        assert tuple(self.row_weights.shape) == (self.num_prompts, r)
+        if self.advantages is not None:
+            assert tuple(self.advantages.shape) == (self.num_prompts, r)
+        if self.ref_logprobs is not None:
+            assert self.ref_logprobs.shape == self.input_ids.shape
+
+    @property
+    def num_rows(self) -> int:
+        return self.num_prompts * self.rows_per_prompt
+
+    def prompt_rows(self, i: int) -> slice:
+        """The rows of prompt ``i``."""
+        return slice(i * self.rows_per_prompt, (i + 1) * self.rows_per_prompt)
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+        return TrainBatch(self.input_ids.to(device), self.attention_mask.to(device),
+                          self.loss_mask.to(device), self.row_weights.to(device),
+                          self.num_prompts, self.rows_per_prompt, move(self.advantages),
+                          move(self.ref_logprobs))
+
+
+@runtime_checkable
+class Objective(Protocol):
+    """Per-row losses; each row's loss is the mean over its own ``loss_mask`` tokens."""
+
+    def row_losses(self, model: torch.nn.Module, batch: TrainBatch,
+                   rows: slice) -> torch.Tensor:
+        """(len(rows),) losses in fp32 (fp64 for fp64 models), differentiable."""
+        ...
+
+
+def row_weights_uniform(num_prompts: int, rows_per_prompt: int,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(B, R) weights 1/R: the prompt loss is the mean of its row losses (Eq. 7's 1/G)."""
+    return torch.full((num_prompts, rows_per_prompt), 1.0 / max(rows_per_prompt, 1),
+                      dtype=dtype)
+
+
+__all__ = ["Objective", "TrainBatch", "row_weights_uniform"]

