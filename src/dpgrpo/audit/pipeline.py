@@ -1,0 +1,258 @@
+"""End-to-end audits of a run directory: DIBA membership inference and the canary audit.
+
+A run directory holds ``release/`` (the PEFT adapter, ``config.json`` with the resolved public
+config, ``certificate.json`` with the certified ``epsilon`` and ``delta``) and ``recovery/``
+(private training state; the canary plan is ``recovery/canaries.json``). Both audits load the
+release on its public base (:func:`dpgrpo.model.load_adapter`) and never read anything else
+from the run except, for the canary audit, the secret inclusion bits needed to count correct
+guesses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpgrpo.audit.canary import CanaryPlan, canary_signal
+from dpgrpo.audit.features import DIBA_FEATURES, feature_matrix
+from dpgrpo.audit.mia import MIAResult, evaluate_diba, hardness_split
+from dpgrpo.audit.one_run import OneRunResult, one_run_audit
+from dpgrpo.audit.scoring import SamplingSettings, diba_feature_rows, gold_baseline_scores
+from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.tasks.base import Problem
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the audit reads from a run directory (public release, plus the plan's path)."""
+
+    run_dir: Path
+    release_dir: Path
+    model_name: str
+    task_name: str | None
+    epsilon: float | None
+    delta: float | None
+    config: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def canary_plan_path(self) -> Path:
+        return self.run_dir / "recovery" / "canaries.json"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError("file not found", path=str(path)) from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"invalid JSON: {err}", path=str(path)) from None
+
+
+def read_run(run_dir: str | Path) -> RunInfo:
+    """Read ``release/config.json`` and ``release/certificate.json`` (the latter optional)."""
+    run_dir = Path(run_dir)
+    release = run_dir / "release"
+    config = _read_json(release / "config.json")
+    model = config.get("model", {})
+    name = model.get("name") if isinstance(model, dict) else model
+    if not name:
+        raise DataError("no model name", path=str(release / "config.json"), field="model.name")
+    task = config.get("task", {})
+    task_name = task.get("name") if isinstance(task, dict) else task
+    cert_path = release / "certificate.json"
+    cert = _read_json(cert_path) if cert_path.exists() else {}
+    eps, delta = cert.get("epsilon"), cert.get("delta")
+    return RunInfo(run_dir, release, str(name), task_name,
+                   None if eps is None else float(eps), None if delta is None else float(delta),
+                   config)
+
+
+_SPLIT_SPEC = re.compile(r"^(?P<task>[\w.-]+):(?P<split>[\w.-]+)(\[(?P<a>\d*):(?P<b>\d*)\])?$")
+
+
+def _problem(row: dict, path: str, line: int) -> Problem:
+    for key in ("id", "question", "answer"):
+        if not isinstance(row.get(key), str) or not row[key]:
+            raise DataError("missing or not a non-empty string", path=path, line=line, field=key)
+    choices = row.get("choices")
+    return Problem(id=row["id"], question=row["question"], answer=row["answer"],
+                   solution=row.get("solution"),
+                   choices=None if choices is None else tuple(tuple(c) for c in choices))
+
+
+def read_candidates(spec: str | Path, *, data_dir: str | Path | None = None
+                    ) -> list[tuple[Problem, str | None]]:
+    """Candidates as ``(problem, task name or None)`` from a JSONL file or a split spec.
+
+    A JSONL file has one problem per line (``id``, ``question``, ``answer``, optional ``task``,
+    ``solution``, ``choices``). A split spec ``TASK:SPLIT`` or ``TASK:SPLIT[a:b]`` loads that
+    task split (from ``data_dir``) and keeps problems a..b-1.
+    """
+    path = Path(spec)
+    if path.is_file():
+        out = []
+        for i, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"invalid JSON: {err}", path=str(path), line=i) from None
+            out.append((_problem(row, str(path), i), row.get("task")))
+        return out
+    match = _SPLIT_SPEC.match(str(spec))
+    if match is None:
+        raise ConfigError(f"{spec} is neither a JSONL file nor a TASK:SPLIT[a:b] spec")
+    from dpgrpo.tasks import get_task
+
+    task = get_task(match["task"])
+    problems = task.load_split(match["split"], data_dir).problems
+    a = int(match["a"]) if match["a"] else None
+    b = int(match["b"]) if match["b"] else None
+    return [(p, task.name) for p in problems[a:b]]
+
+
+def _resolve_tasks(candidates: Sequence[tuple[Problem, str | None]], default: str | None) -> list[str]:
+    names = []
+    for problem, name in candidates:
+        name = name or default
+        if not name:
+            raise ConfigError(f"candidate {problem.id} has no task: give --task or a 'task' field")
+        names.append(name)
+    return names
+
+
+def _by_task(problems: Sequence[Problem], tasks: Sequence[str], fn) -> list[Any]:
+    """Apply ``fn(task, problems)`` per task and put the per-problem results back in order."""
+    from dpgrpo.tasks import get_task
+
+    out: list[Any] = [None] * len(problems)
+    for name in dict.fromkeys(tasks):
+        idx = [i for i, t in enumerate(tasks) if t == name]
+        for i, value in zip(idx, fn(get_task(name), [problems[i] for i in idx])):
+            out[i] = value
+    return out
+
+
+def _load_release(run: RunInfo, dtype: str, device: str):
+    from dpgrpo.model import load_adapter
+
+    return load_adapter(run.model_name, run.release_dir, dtype=dtype, device=device)
+
+
+@dataclass(frozen=True)
+class MIAOutcome:
+    """A finished DIBA audit: the evaluation and the per-candidate table behind it."""
+
+    run: RunInfo
+    result: MIAResult
+    ids: list[str]
+    labels: np.ndarray
+    features: np.ndarray
+    subsets: np.ndarray
+    baselines: dict[str, np.ndarray]
+    settings: SamplingSettings
+    seed: int
+
+
+def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
+            task: str | None = None, data_dir: str | Path | None = None,
+            settings: SamplingSettings = SamplingSettings(), seed: int = 0, n_folds: int = 5,
+            n_estimators: int = 100, baselines: bool = True, dtype: str = "float32",
+            device: str = "cpu") -> MIAOutcome:
+    """DIBA on a released run: features for every candidate, stacking classifier, baselines.
+
+    ``seed`` seeds the response sampler and the classifier's cross-validation and is recorded.
+    """
+    run = read_run(run_dir)
+    mem = read_candidates(members, data_dir=data_dir)
+    non = read_candidates(nonmembers, data_dir=data_dir)
+    problems = [p for p, _ in mem + non]
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        raise DataError("candidate ids must be unique across members and non-members")
+    tasks = _resolve_tasks(mem + non, task or run.task_name)
+    labels = np.array([1] * len(mem) + [0] * len(non))
+    policy = _load_release(run, dtype, device)
+    generator = torch.Generator().manual_seed(seed)
+    rows = _by_task(problems, tasks, lambda t, ps: diba_feature_rows(
+        policy.model, policy.tokenizer, t, ps, settings=settings, generator=generator))
+    x = feature_matrix(rows, DIBA_FEATURES)
+    base: dict[str, np.ndarray] = {}
+    if baselines:
+        per = _by_task(problems, tasks, lambda t, ps: _rows(gold_baseline_scores(
+            policy.model, policy.tokenizer, t, ps, batch_size=settings.score_batch_size)))
+        base = {k: np.array([r[k] for r in per]) for k in per[0]}
+    result = evaluate_diba(x, labels, DIBA_FEATURES, baselines=base, n_folds=n_folds, seed=seed,
+                           n_estimators=n_estimators)
+    subsets = hardness_split(x[:, 0], x[:, 1])
+    return MIAOutcome(run, result, ids, labels, x, subsets, base, settings, seed)
+
+
+def _rows(columns: dict[str, np.ndarray]) -> list[dict[str, float]]:
+    n = len(next(iter(columns.values()))) if columns else 0
+    return [{k: float(v[i]) for k, v in columns.items()} for i in range(n)]
+
+
+@dataclass(frozen=True)
+class CanaryOutcome:
+    """A finished canary audit: the bound, the signal and the per-canary table."""
+
+    run: RunInfo
+    audit: OneRunResult
+    signal: str
+    ids: list[str]
+    scores: np.ndarray
+    features: np.ndarray
+    included: np.ndarray
+    settings: SamplingSettings
+    seed: int
+
+
+def default_k(m: int) -> int:
+    """Default guesses per side, fixed before scoring: a tenth of the canaries (at least 1)."""
+    return max(1, m // 10)
+
+
+def run_canary_audit(run_dir: str | Path, *, k_plus: int | None = None,
+                     k_minus: int | None = None, confidence: float = 0.95,
+                     delta: float | None = None, signal: str = "gain+likelihood",
+                     task: str | None = None, settings: SamplingSettings = SamplingSettings(),
+                     seed: int = 0, dtype: str = "float32", device: str = "cpu") -> CanaryOutcome:
+    """Score every canary of the run's plan from the release; one-run epsilon lower bound.
+
+    ``delta`` defaults to the certificate's delta. ``k_plus`` and ``k_minus`` default to
+    :func:`default_k` and must not be tuned on the outcome (see :mod:`dpgrpo.audit.one_run`).
+    """
+    run = read_run(run_dir)
+    if not run.canary_plan_path.exists():
+        raise DataError("no canary plan: this run was trained without canaries",
+                        path=str(run.canary_plan_path))
+    plan = CanaryPlan.load(run.canary_plan_path)
+    delta = run.delta if delta is None else delta
+    if delta is None:
+        raise ConfigError("no delta: the run has no certificate.json; pass --delta")
+    name = task or run.task_name
+    if not name:
+        raise ConfigError("the run's config names no task; pass --task")
+    from dpgrpo.tasks import get_task
+
+    m = len(plan.canaries)
+    kp = default_k(m) if k_plus is None else k_plus
+    km = default_k(m) if k_minus is None else k_minus
+    policy = _load_release(run, dtype, device)
+    rows = diba_feature_rows(policy.model, policy.tokenizer, get_task(name), plan.canaries,
+                             settings=settings, generator=torch.Generator().manual_seed(seed))
+    x = feature_matrix(rows, DIBA_FEATURES)
+    scores = canary_signal(x, DIBA_FEATURES, signal)
+    audit = one_run_audit(scores, plan.included, k_plus=kp, k_minus=km, delta=delta,
+                          confidence=confidence)
+    return CanaryOutcome(run, audit, signal, [c.id for c in plan.canaries], scores, x,
+                         np.array(plan.included), settings, seed)

@@ -1,0 +1,180 @@
+"""Model-facing part of the audit: sample responses, score tokens, build features.
+
+For each candidate prompt the DIBA attack (Liu et al., Section 5 "Preparation"; Appendix D)
+samples N responses (default 8, temperature 0.5) from the fine-tuned policy and N from the base,
+rewards each with the task's public verifier, and scores the fine-tuned samples under both
+models. The fine-tuned policy is the released LoRA adapter on the public base; the base is the
+same :class:`peft.PeftModel` inside ``model.disable_adapter()``. Sampling goes through
+:func:`dpgrpo.rollout.generate`, whose only randomness is the ``torch.Generator`` passed in.
+
+Deviation from the paper, stated: ``dpgrpo.rollout.generate`` samples from the full tempered
+distribution (no top-p 0.9, no repetition penalty 1.05), the same sampler as training.
+
+The baselines score the task's gold target text appended to the chat-formatted prompt
+(:mod:`dpgrpo.audit.baselines`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpgrpo.audit.baselines import TokenStats, baseline_scores
+from dpgrpo.audit.features import SampleScores, diba_features
+from dpgrpo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How responses are drawn for the attack (DIBA Appendix D: N = 8, temperature 0.5)."""
+
+    n_samples: int = 8
+    temperature: float = 0.5
+    max_new_tokens: int | None = None      # None: the task's default_max_new_tokens
+    prompts_per_batch: int = 4             # prompts per generate call (x n_samples rows)
+    score_batch_size: int = 8              # rows per scoring forward pass
+
+    def __post_init__(self) -> None:
+        if self.n_samples < 1:
+            raise ConfigError(f"n_samples must be >= 1, got {self.n_samples}")
+        if self.temperature <= 0.0:
+            raise ConfigError("the attack samples: temperature must be > 0, "
+                              f"got {self.temperature}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.prompts_per_batch < 1 or self.score_batch_size < 1:
+            raise ConfigError("batch sizes must be >= 1")
+
+
+def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                score_mask: torch.Tensor, *, with_entropy: bool = False,
+                batch_size: int = 8) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-token log-probabilities (and predictive entropies) of ``input_ids`` under ``model``.
+
+    Inputs are ``(N, L)``, left-padded; ``score_mask`` marks the tokens to score. Position ids
+    follow the attention mask, as in generation, so left padding does not shift positions.
+    Returns ``(N, L)`` float64 arrays aligned with ``input_ids`` (entry t scores token t given
+    tokens < t; zero where not scored, and the first real token of a row is never scored), the
+    entropy array being ``None`` unless asked for.
+    """
+    device = next(model.parameters()).device
+    n, length = input_ids.shape
+    logp = np.zeros((n, length))
+    ent = np.zeros((n, length)) if with_entropy else None
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, n, batch_size):
+            rows = slice(start, start + batch_size)
+            ids = input_ids[rows].to(device)
+            mask = attention_mask[rows].to(device)
+            pos = (mask.long().cumsum(-1) - 1).clamp(min=0)                  # (b, L)
+            with torch.no_grad():
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+            # token t is scored only if some real token precedes it
+            want = (score_mask[rows, 1:].bool() & attention_mask[rows, :-1].bool()).to(device)
+            picked = logits[:, :-1][want].float()                            # (k, V)
+            logprobs = torch.log_softmax(picked, dim=-1)
+            chosen = logprobs.gather(-1, ids[:, 1:][want].unsqueeze(-1)).squeeze(-1)
+            block = torch.zeros(want.shape, dtype=torch.float64, device=device)
+            block[want] = chosen.double()
+            logp[rows, 1:] = block.cpu().numpy()
+            if ent is not None:
+                h = -(logprobs.exp() * logprobs).sum(-1)
+                block = torch.zeros(want.shape, dtype=torch.float64, device=device)
+                block[want] = h.double()
+                ent[rows, 1:] = block.cpu().numpy()
+    finally:
+        model.train(was_training)
+    return logp, ent
+
+
+def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
+                      settings: SamplingSettings = SamplingSettings(),
+                      generator: torch.Generator | None = None) -> list[dict[str, float]]:
+    """The DIBA features of each problem (:func:`dpgrpo.audit.features.diba_features`).
+
+    ``model`` is the fine-tuned :class:`peft.PeftModel`; the base is ``model.disable_adapter()``.
+    ``task`` supplies ``prompt``, ``reward`` and ``default_max_new_tokens``.
+    """
+    from dpgrpo.rollout import generate
+
+    n = settings.n_samples
+    cap = settings.max_new_tokens or int(task.default_max_new_tokens)
+    rows: list[dict[str, float]] = []
+    for chunk in _chunks(list(problems), settings.prompts_per_batch):
+        messages = [task.prompt(p) for p in chunk]
+        kwargs = dict(group_size=n, temperature=settings.temperature, max_new_tokens=cap,
+                      generator=generator)
+        ft = generate(model, tokenizer, messages, **kwargs)
+        with model.disable_adapter():
+            base = generate(model, tokenizer, messages, **kwargs)
+        lp_ft, _ = token_stats(model, ft.input_ids, ft.attention_mask, ft.completion_mask,
+                               batch_size=settings.score_batch_size)
+        with model.disable_adapter():
+            lp_base, _ = token_stats(model, ft.input_ids, ft.attention_mask, ft.completion_mask,
+                                     batch_size=settings.score_batch_size)
+        mask = ft.completion_mask.bool().numpy()
+        mask[:, 0] = False                                                   # never scored
+        for i, problem in enumerate(chunk):
+            sl = slice(i * n, (i + 1) * n)
+            ft_rewards = [task.reward(t, problem) for t in ft.texts[i]]
+            base_rewards = [task.reward(t, problem) for t in base.texts[i]]
+            samples = SampleScores(lp_ft[sl], lp_base[sl], mask[sl], tuple(ft.texts[i]))
+            rows.append(diba_features(ft_rewards, base_rewards, samples))
+    return rows
+
+
+def _gold_batch(tokenizer: Any, task: Any, problems: Sequence[Any]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    """Left-padded ``[prompt][gold target]`` rows and the mask of the target tokens."""
+    seqs, masks, texts = [], [], []
+    for p in problems:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt(p)}],
+                                               tokenize=False, add_generation_prompt=True)
+        target = task.gold_target(p)
+        a = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        b = tokenizer(target, add_special_tokens=False)["input_ids"]
+        seqs.append(a + b)
+        masks.append([0] * len(a) + [1] * len(b))
+        texts.append(target)
+    width = max(len(s) for s in seqs)
+    pad = int(tokenizer.pad_token_id)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    score = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        ids[i, width - len(s):] = torch.tensor(s)
+        attn[i, width - len(s):] = 1
+        score[i, width - len(s):] = torch.tensor(m)
+    return ids, attn, score, texts
+
+
+def gold_baseline_scores(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
+                         batch_size: int = 8, k: float = 0.2) -> dict[str, np.ndarray]:
+    """LOSS, zlib, Min-K% and entropy on each problem's gold target, raw and calibrated.
+
+    Scored under the fine-tuned model and, for calibration, under the base
+    (``model.disable_adapter()``); see :mod:`dpgrpo.audit.baselines`.
+    """
+    parts: list[dict[str, np.ndarray]] = []
+    for chunk in _chunks(list(problems), batch_size):
+        ids, attn, score, texts = _gold_batch(tokenizer, task, chunk)
+        lp_ft, h_ft = token_stats(model, ids, attn, score, with_entropy=True,
+                                  batch_size=batch_size)
+        with model.disable_adapter():
+            lp_b, h_b = token_stats(model, ids, attn, score, with_entropy=True,
+                                    batch_size=batch_size)
+        mask = score.bool().numpy()
+        mask[:, 0] = False
+        parts.append(baseline_scores(TokenStats(lp_ft, h_ft, mask), TokenStats(lp_b, h_b, mask),
+                                     texts, k=k))
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} if parts else {}

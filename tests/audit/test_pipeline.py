@@ -1,0 +1,74 @@
+"""End-to-end audits of a fabricated run directory (tiny model, random LoRA release)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dpgrpo.audit.one_run import lower_bound_from_counts
+from dpgrpo.audit.pipeline import read_candidates, read_run, run_canary_audit, run_mia
+from dpgrpo.audit.report import write_canary_report, write_mia_report
+from dpgrpo.audit.scoring import SamplingSettings
+from dpgrpo.audit.testing import make_toy_run, toy_problems, write_jsonl
+from dpgrpo.errors import DataError, ReleaseError
+
+SETTINGS = SamplingSettings(n_samples=2, max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def toy_run(tiny_model_dir, tmp_path_factory):
+    return make_toy_run(tmp_path_factory.mktemp("run"), tiny_model_dir, n_canaries=12)
+
+
+def test_read_run_and_candidates(toy_run, tmp_path):
+    run = read_run(toy_run)
+    assert (run.epsilon, run.delta, run.task_name) == (8.0, 1e-5, "audit-toy")
+    path = write_jsonl(tmp_path / "m.jsonl", toy_problems("m", 3), task="audit-toy")
+    cands = read_candidates(path)
+    assert [(p.id, t) for p, t in cands] == [("m-0", "audit-toy"), ("m-1", "audit-toy"),
+                                             ("m-2", "audit-toy")]
+    (tmp_path / "bad.jsonl").write_text('{"id": "x", "question": "q"}\n')
+    with pytest.raises(DataError, match="line 1, field 'answer'"):
+        read_candidates(tmp_path / "bad.jsonl")
+
+
+def test_mia_end_to_end(toy_run, tmp_path):
+    mem = write_jsonl(tmp_path / "members.jsonl", toy_problems("m", 10))
+    non = write_jsonl(tmp_path / "nonmembers.jsonl", toy_problems("n", 10, start=10))
+    out = run_mia(toy_run, mem, non, settings=SETTINGS, seed=0, n_folds=3, n_estimators=5)
+    assert out.features.shape == (20, 6) and out.labels.sum() == 10
+    assert np.isfinite(out.result.unified.oof_scores).all()
+    paths = write_mia_report(tmp_path / "out", out)
+    summary = json.loads(paths["summary.json"].read_text())
+    folds = summary["diba"]["folds"]
+    assert summary["diba"]["mean"]["auc"] == pytest.approx(np.mean([f["auc"] for f in folds]))
+    assert 0.0 <= summary["diba"]["mean"]["auc"] <= 1.0
+    assert (summary["n_members"], summary["n_nonmembers"], summary["seed"]) == (10, 10, 0)
+    assert {h["subset"] for h in summary["hardness"]} == {"All-0", "All-1", "Residual", "Unified"}
+    assert sum(h["n_samples"] for h in summary["hardness"][:3]) == 20
+    assert len(summary["baselines"]) == 8
+    assert paths["roc.png"].read_bytes()[:4] == b"\x89PNG"
+    assert "Hardness split" in paths["report.md"].read_text()
+    rows = [json.loads(line) for line in paths["candidates.jsonl"].read_text().splitlines()]
+    assert len(rows) == 20 and rows[0]["member"] == 1 and "loss_calibrated" in rows[0]["baselines"]
+    with pytest.raises(ReleaseError):
+        write_mia_report(toy_run / "release" / "audit", out)
+
+
+def test_canary_end_to_end(toy_run, tmp_path):
+    out = run_canary_audit(toy_run, k_plus=3, k_minus=3, confidence=0.9, settings=SETTINGS)
+    a = out.audit
+    assert (a.m, a.r, a.k_plus, a.delta) == (12, 6, 3, 1e-5)
+    assert a.epsilon_lower_bound == lower_bound_from_counts(12, 6, a.v, delta=1e-5,
+                                                            confidence=0.9)
+    paths = write_canary_report(tmp_path / "canary", out)
+    summary = json.loads(paths["summary.json"].read_text())
+    assert summary["certified_epsilon"] == 8.0
+    assert summary["empirical_epsilon_lower_bound"] == a.epsilon_lower_bound
+    assert "included" not in summary
+    rows = [json.loads(line) for line in paths["canaries.jsonl"].read_text().splitlines()]
+    top = sorted(rows, key=lambda r: -r["score"])
+    v = sum(r["included"] for r in top[:3]) + sum(not r["included"] for r in top[-3:])
+    assert v == a.v

@@ -1,0 +1,89 @@
+"""Model-facing scoring on the tiny model: token log-probabilities and DIBA features."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dpgrpo.audit.scoring import (
+    SamplingSettings,
+    diba_feature_rows,
+    gold_baseline_scores,
+    token_stats,
+)
+from dpgrpo.audit.testing import register_toy_task, toy_problems
+from dpgrpo.model import LoraSettings, load_adapter, load_policy
+from dpgrpo.tasks.base import get_task
+
+SETTINGS = SamplingSettings(n_samples=2, max_new_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def toy_task():
+    return get_task(register_toy_task())
+
+
+@pytest.fixture(scope="module")
+def zero_policy(tiny_model_dir):
+    """A fresh adapter (B = 0): fine-tuned and base are the same function."""
+    return load_policy(str(tiny_model_dir), lora=LoraSettings(dropout=0.0))
+
+
+@pytest.fixture(scope="module")
+def toy_policy(tiny_model_dir, tmp_path_factory):
+    from dpgrpo.audit.testing import make_toy_run
+
+    run = make_toy_run(tmp_path_factory.mktemp("run"), tiny_model_dir)
+    return load_adapter(str(tiny_model_dir), run / "release")
+
+
+def test_token_stats_ignore_left_padding(toy_policy):
+    model, tok = toy_policy.model, toy_policy.tokenizer
+    short, long = tok("What is 1 plus 4?")["input_ids"], tok("What is 12 plus 30? It is")["input_ids"]
+    width = len(long)
+    ids = torch.full((2, width), tok.pad_token_id)
+    attn = torch.zeros((2, width), dtype=torch.long)
+    ids[0, width - len(short):], attn[0, width - len(short):] = torch.tensor(short), 1
+    ids[1], attn[1] = torch.tensor(long), 1
+    score = attn.clone()
+    lp, ent = token_stats(model, ids, attn, score, with_entropy=True)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(input_ids=torch.tensor([short])).logits[0, :-1].double(), -1)
+    expected = ref.gather(-1, torch.tensor(short[1:]).unsqueeze(-1)).squeeze(-1).numpy()
+    np.testing.assert_allclose(lp[0, width - len(short) + 1:], expected, atol=1e-5)
+    assert lp[0, : width - len(short) + 1].tolist() == [0.0] * (width - len(short) + 1)
+    scored = (score[:, 1:].bool() & attn[:, :-1].bool()).numpy()
+    assert (ent[:, 1:][scored] > 0).all() and (ent[:, 1:][~scored] == 0).all()
+    assert (lp[:, 1:][scored] < 0).all() and scored.sum() == len(short) - 1 + len(long) - 1
+
+
+def test_zero_adapter_gives_zero_logit_features(zero_policy, toy_task):
+    problems = toy_problems("p", 3)
+    rows = diba_feature_rows(zero_policy.model, zero_policy.tokenizer, toy_task, problems,
+                             settings=SETTINGS, generator=torch.Generator().manual_seed(0))
+    for r in rows:
+        assert r["likelihood_ratio"] == 0.0 and r["k3_divergence"] == 0.0
+        assert r["zlib_likelihood_ratio"] == 0.0
+    gold = gold_baseline_scores(zero_policy.model, zero_policy.tokenizer, toy_task, problems)
+    for name in ("loss", "zlib", "min_k", "entropy"):
+        assert np.abs(gold[f"{name}_calibrated"]).max() == 0.0
+        assert np.isfinite(gold[name]).all()
+    assert (gold["loss"] < 0).all() and (gold["entropy"] < 0).all()
+
+
+def test_features_on_a_random_adapter(toy_policy, toy_task):
+    problems = toy_problems("p", 5)
+
+    def run(seed):
+        return diba_feature_rows(toy_policy.model, toy_policy.tokenizer, toy_task, problems,
+                                 settings=SETTINGS, generator=torch.Generator().manual_seed(seed))
+
+    rows = run(1)
+    assert rows == run(1)                                        # seeded sampler
+    assert len(rows) == 5
+    for r in rows:
+        assert r["ft_score"] in (0.0, 0.5, 1.0) and r["base_score"] in (0.0, 0.5, 1.0)
+        assert r["score_gain"] == r["ft_score"] - r["base_score"]
+        assert r["k3_divergence"] > 0.0                          # the adapter moved the policy
+        assert r["likelihood_ratio"] != 0.0
