@@ -1,9 +1,108 @@
-"""CLI commands: audit (filled in by its issue)."""
+"""CLI commands: ``dpgrpo audit mia`` (DIBA) and ``dpgrpo audit canary`` (one-run bound).
+
+Thin wrappers over :mod:`dpgrpo.audit.pipeline` and :mod:`dpgrpo.audit.report`; library errors
+become one-line messages in :func:`dpgrpo.cli.main`.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+audit_app = typer.Typer(name="audit", no_args_is_help=True,
+                        help="Privacy audits of a released run: membership inference, canaries.")
+
+_SAMPLES = typer.Option(8, "--samples", help="Responses sampled per prompt from each model.")
+_TEMPERATURE = typer.Option(0.5, "--temperature", help="Sampling temperature of the attack.")
+_MAX_NEW = typer.Option(None, "--max-new-tokens", help="Response cap (default: the task's).")
+_SEED = typer.Option(0, "--seed", help="Seed of the sampler and the CV split (recorded).")
+_TASK = typer.Option(None, "--task", help="Task whose verifier scores responses "
+                                          "(default: the run's task).")
+_DTYPE = typer.Option("float32", "--dtype", help="Model dtype: float32, bfloat16, float16.")
+_DEVICE = typer.Option("cpu", "--device", help="Torch device, e.g. cpu or cuda.")
+_BATCH = typer.Option(4, "--prompts-per-batch", help="Prompts per generate call.")
+
+
+def _settings(samples: int, temperature: float, max_new_tokens: int | None, batch: int):
+    from dpgrpo.audit.scoring import SamplingSettings
+
+    return SamplingSettings(n_samples=samples, temperature=temperature,
+                            max_new_tokens=max_new_tokens, prompts_per_batch=batch)
+
+
+@audit_app.command("mia")
+def mia(
+    run: Path = typer.Option(..., "--run", help="Run directory (with release/)."),
+    members: str = typer.Option(..., "--members", help="Members: JSONL file or TASK:SPLIT[a:b]."),
+    nonmembers: str = typer.Option(..., "--nonmembers", help="Non-members: JSONL or TASK:SPLIT[a:b]."),
+    out: Path = typer.Option(..., "--out", help="Output folder (not inside a release)."),
+    task: str | None = _TASK,
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark folder for split specs."),
+    samples: int = _SAMPLES,
+    temperature: float = _TEMPERATURE,
+    max_new_tokens: int | None = _MAX_NEW,
+    folds: int = typer.Option(5, "--folds", help="Stratified cross-validation folds."),
+    trees: int = typer.Option(100, "--trees", help="Random-forest trees in the stacking classifier."),
+    baselines: bool = typer.Option(True, "--baselines/--no-baselines",
+                                   help="Also run LOSS, zlib, Min-K% and entropy baselines."),
+    seed: int = _SEED,
+    prompts_per_batch: int = _BATCH,
+    dtype: str = _DTYPE,
+    device: str = _DEVICE,
+) -> None:
+    """DIBA membership inference on a release: JSON summary, markdown report, ROC figure."""
+    from dpgrpo.audit.pipeline import run_mia
+    from dpgrpo.audit.report import write_mia_report
+
+    outcome = run_mia(run, members, nonmembers, task=task, data_dir=data_dir,
+                      settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch),
+                      seed=seed, n_folds=folds, n_estimators=trees, baselines=baselines,
+                      dtype=dtype, device=device)
+    paths = write_mia_report(out, outcome)
+    m = outcome.result.unified.mean
+    typer.echo(f"DIBA: AUC {m.auc:.3f}, balanced accuracy {m.balanced_accuracy:.3f}, "
+               f"TPR@0.1%FPR {m.tpr_at_fpr['0.001']:.3f}, TPR@1%FPR {m.tpr_at_fpr['0.01']:.3f} "
+               f"({outcome.labels.size} candidates, {folds}-fold CV, seed {seed})")
+    typer.echo(f"wrote {paths['summary.json']} and {paths['report.md']}")
+
+
+@audit_app.command("canary")
+def canary(
+    run: Path = typer.Option(..., "--run", help="Run directory (release/ and recovery/canaries.json)."),
+    out: Path = typer.Option(..., "--out", help="Output folder (not inside a release)."),
+    k_plus: int | None = typer.Option(None, "--k-plus", help="Canaries guessed 'in' (default m/10)."),
+    k_minus: int | None = typer.Option(None, "--k-minus", help="Canaries guessed 'out' (default m/10)."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the lower bound."),
+    delta: float | None = typer.Option(None, "--delta", help="Delta (default: the certificate's)."),
+    signal: str = typer.Option("gain+likelihood", "--signal",
+                               help="Canary score: gain+likelihood or one DIBA feature."),
+    task: str | None = _TASK,
+    samples: int = _SAMPLES,
+    temperature: float = _TEMPERATURE,
+    max_new_tokens: int | None = _MAX_NEW,
+    seed: int = _SEED,
+    prompts_per_batch: int = _BATCH,
+    dtype: str = _DTYPE,
+    device: str = _DEVICE,
+) -> None:
+    """One-run empirical epsilon lower bound from the run's canaries, beside the certified one."""
+    from dpgrpo.audit.pipeline import run_canary_audit
+    from dpgrpo.audit.report import write_canary_report
+
+    outcome = run_canary_audit(
+        run, k_plus=k_plus, k_minus=k_minus, confidence=confidence, delta=delta, signal=signal,
+        task=task, settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch),
+        seed=seed, dtype=dtype, device=device)
+    paths = write_canary_report(out, outcome)
+    a, cert = outcome.audit, outcome.run.epsilon
+    typer.echo(f"empirical epsilon lower bound {a.epsilon_lower_bound:.3f} "
+               f"({a.confidence:.0%} confidence, delta {a.delta:.3g}; {a.v} of {a.r} guesses "
+               f"correct on {a.m} canaries) | certified epsilon "
+               f"{'n/a' if cert is None else f'{cert:.3f}'}")
+    typer.echo(f"wrote {paths['summary.json']} and {paths['report.md']}")
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add the ``audit`` command group to the app."""
+    app.add_typer(audit_app, name="audit")
