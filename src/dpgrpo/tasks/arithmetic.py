@@ -1,0 +1,178 @@
+"""The embedded default task: arithmetic word problems generated offline from a public seed.
+
+No files and no download: every problem is drawn from fixed templates by ``random.Random``
+with a public seed, so the splits are identical on every machine. ``train`` has 1,000 problems
+(seed 0) and ``eval`` 200 (seed 1), disjoint by question text; ids are ``arith-train-00017``.
+The prompt and verifier are GSM8K's (final number). ``difficulty`` sets the mix:
+
+* 1: one-step addition and subtraction with numbers up to 20;
+* 2: half one-step (all four operations, small factors), half two-step;
+* 3: two-step only, with larger numbers.
+
+The default difficulty puts SmolLM2-135M-Instruct's greedy base accuracy between 20% and 80%
+(measured on the eval split; see the module constant :data:`DEFAULT_DIFFICULTY`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.tasks.base import LoadedSplit, Problem, VerifiedTask, register_task
+from dpgrpo.tasks.gsm8k import answer_sentence, number_prompt
+
+DEFAULT_DIFFICULTY = 1
+DEFAULT_SIZES = {"train": 1000, "eval": 200}
+SEEDS = {"train": 0, "eval": 1}
+
+_PEOPLE = [("Tom", "he"), ("Sara", "she"), ("Liam", "he"), ("Emma", "she"), ("Noah", "he"),
+           ("Mia", "she"), ("Omar", "he"), ("Lena", "she"), ("Ravi", "he"), ("Zoe", "she"),
+           ("Ben", "he"), ("Ana", "she"), ("Kai", "he"), ("Ivy", "she"), ("Leo", "he"),
+           ("Nora", "she")]
+_ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "flowers",
+          "stamps", "shells", "balloons", "candies", "beads", "eggs", "oranges", "crayons",
+          "coins", "buttons", "cupcakes", "toy cars"]
+
+# A template draws its numbers and returns (question, solution steps, answer).
+Template = Callable[[random.Random, str, str, str, int], tuple[str, list[str], int]]
+
+
+def _add(rng: random.Random, name: str, he: str, item: str, top: int) -> tuple[str, list[str], int]:
+    a, b = rng.randint(2, top), rng.randint(2, top)
+    return (f"{name} has {a} {item}. {he.capitalize()} buys {b} more {item}. "
+            f"How many {item} does {name} have now?",
+            [f"{name} has {a} + {b} = {a + b} {item}."], a + b)
+
+
+def _sub(rng: random.Random, name: str, he: str, item: str, top: int) -> tuple[str, list[str], int]:
+    a = rng.randint(5, top + 5)
+    b = rng.randint(1, a - 1)
+    return (f"{name} has {a} {item}. {he.capitalize()} gives {b} {item} to a friend. "
+            f"How many {item} does {name} have left?",
+            [f"{name} has {a} - {b} = {a - b} {item} left."], a - b)
+
+
+def _mul(rng: random.Random, name: str, he: str, item: str, top: int) -> tuple[str, list[str], int]:
+    a, b = rng.randint(2, min(top, 10)), rng.randint(2, min(top, 10))
+    return (f"{name} buys {a} bags of {item}. Each bag has {b} {item}. "
+            f"How many {item} does {name} buy in total?",
+            [f"{name} buys {a} x {b} = {a * b} {item}."], a * b)
+
+
+def _div(rng: random.Random, name: str, he: str, item: str, top: int) -> tuple[str, list[str], int]:
+    each, friends = rng.randint(2, min(top, 10)), rng.randint(2, 6)
+    total = each * friends
+    return (f"{name} shares {total} {item} equally among {friends} friends. "
+            f"How many {item} does each friend get?",
+            [f"Each friend gets {total} / {friends} = {each} {item}."], each)
+
+
+def _add_sub(rng: random.Random, name: str, he: str, item: str,
+             top: int) -> tuple[str, list[str], int]:
+    a, b = rng.randint(2, top), rng.randint(2, top)
+    c = rng.randint(1, a + b - 1)
+    return (f"{name} has {a} {item}. {he.capitalize()} buys {b} more and then gives {c} to a "
+            f"friend. How many {item} does {name} have now?",
+            [f"After buying, {name} has {a} + {b} = {a + b} {item}.",
+             f"After giving some away, {he} has {a + b} - {c} = {a + b - c} {item}."],
+            a + b - c)
+
+
+def _mul_add(rng: random.Random, name: str, he: str, item: str,
+             top: int) -> tuple[str, list[str], int]:
+    a, b, c = rng.randint(2, min(top, 10)), rng.randint(2, min(top, 10)), rng.randint(1, top)
+    return (f"{name} already has {c} {item}. {he.capitalize()} buys {a} boxes with {b} {item} "
+            f"in each box. How many {item} does {name} have now?",
+            [f"The boxes hold {a} x {b} = {a * b} {item}.",
+             f"{name} has {a * b} + {c} = {a * b + c} {item}."], a * b + c)
+
+
+def _price_change(rng: random.Random, name: str, he: str, item: str,
+                  top: int) -> tuple[str, list[str], int]:
+    count, price = rng.randint(2, 6), rng.randint(2, min(top, 9))
+    bill = next(b for b in (10, 20, 50, 100) if b > count * price)
+    return (f"{name} buys {count} {item} for {price} dollars each and pays with a {bill}-dollar "
+            f"bill. How many dollars of change does {he} get?",
+            [f"The {item} cost {count} x {price} = {count * price} dollars.",
+             f"The change is {bill} - {count * price} = {bill - count * price} dollars."],
+            bill - count * price)
+
+
+_ONE_STEP: list[Template] = [_add, _sub, _mul, _div]
+_TWO_STEP: list[Template] = [_add_sub, _mul_add, _price_change]
+_LEVELS: dict[int, tuple[list[Template], float, int]] = {
+    # level: (one-step templates, probability of a two-step problem, largest operand)
+    1: ([_add, _sub], 0.0, 20),
+    2: (_ONE_STEP, 0.5, 20),
+    3: (_ONE_STEP, 1.0, 50),
+}
+
+
+def _draw(rng: random.Random, difficulty: int) -> tuple[str, str, int]:
+    one_step, p_two, top = _LEVELS[difficulty]
+    template = rng.choice(_TWO_STEP) if rng.random() < p_two else rng.choice(one_step)
+    name, he = rng.choice(_PEOPLE)
+    question, steps, answer = template(rng, name, he, rng.choice(_ITEMS), top)
+    return question, "\n".join([*steps, answer_sentence(str(answer))]), answer
+
+
+def generate_problems(split: str, n: int | None = None, *, seed: int | None = None,
+                      difficulty: int = DEFAULT_DIFFICULTY,
+                      exclude: set[str] | None = None) -> list[Problem]:
+    """``n`` distinct problems of ``split`` from ``seed`` (defaults: the split's size and seed),
+    skipping any question in ``exclude``. Deterministic for fixed arguments."""
+    if difficulty not in _LEVELS:
+        raise ConfigError(f"difficulty must be one of {sorted(_LEVELS)}, got {difficulty}")
+    n = DEFAULT_SIZES.get(split, 0) if n is None else n
+    if n <= 0:
+        raise ConfigError(f"need a positive problem count for split {split!r}, got {n}")
+    rng = random.Random(SEEDS.get(split, 0) if seed is None else seed)
+    seen = set(exclude or ())
+    problems: list[Problem] = []
+    for _ in range(1000 * n):
+        question, solution, answer = _draw(rng, difficulty)
+        if question in seen:
+            continue
+        seen.add(question)
+        problems.append(Problem(f"arith-{split}-{len(problems):05d}", question, str(answer),
+                                solution=solution))
+        if len(problems) == n:
+            return problems
+    raise ConfigError(f"could not draw {n} distinct problems at difficulty {difficulty}")
+
+
+def _loader(split: str, difficulty: int, sizes: dict[str, int]):
+    def load(data_dir: str | Path | None = None, *, skip_invalid: bool = False,
+             source: str = "local") -> LoadedSplit:
+        if source != "local":
+            raise ConfigError("the arithmetic task is generated offline; source must be 'local'")
+        exclude = None
+        if split == "eval":  # disjoint from the train split built with the same settings
+            exclude = {p.question for p in generate_problems(
+                "train", sizes["train"], difficulty=difficulty)}
+        return LoadedSplit(generate_problems(split, sizes[split], difficulty=difficulty,
+                                             exclude=exclude))
+
+    return load
+
+
+def make_arithmetic_task(difficulty: int = DEFAULT_DIFFICULTY, *, n_train: int = 1000,
+                         n_eval: int = 200) -> VerifiedTask:
+    """An arithmetic task with another difficulty or split sizes (not registered)."""
+    sizes = {"train": n_train, "eval": n_eval}
+    return replace(ARITHMETIC, splits={s: _loader(s, difficulty, sizes) for s in sizes})
+
+
+ARITHMETIC = register_task(VerifiedTask(
+    name="arithmetic",
+    default_max_new_tokens=256,
+    render_prompt=number_prompt,
+    render_gold=lambda problem: problem.solution or answer_sentence(problem.answer),
+    scorer_names={"strict": "final_number"},
+    splits={s: _loader(s, DEFAULT_DIFFICULTY, DEFAULT_SIZES) for s in DEFAULT_SIZES},
+    needs_data_dir=False,
+    description="embedded arithmetic word problems (generated from a public seed)",
+))

@@ -1,0 +1,89 @@
+"""The wall-clock bound of verifier checks: signal timer, worker process, guard."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from dpgrpo.tasks.bounded import run_bounded
+from dpgrpo.tasks.symbolic import pathology, parse_answer, symbolic_equal
+
+
+def test_signal_bound_interrupts_and_returns_value_otherwise() -> None:
+    start = time.monotonic()
+    assert run_bounded(time.sleep, (5,), 0.2, mode="signal") == (None, True)
+    assert time.monotonic() - start < 2.0
+    assert run_bounded(divmod, (7, 2), 1.0, mode="signal") == ((3, 1), False)
+
+
+def test_signal_bound_restores_the_callers_timer_and_handler() -> None:
+    fired: list[int] = []
+    def handler(signum: int, frame: object) -> None:
+        fired.append(signum)
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 5.0)
+        run_bounded(divmod, (1, 1), 1.0, mode="signal")
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 3.0 < remaining <= 5.0  # the outer timer is still armed, minus elapsed time
+        assert signal.getsignal(signal.SIGALRM) is handler and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_signal_mode_refuses_other_threads() -> None:
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            run_bounded(divmod, (1, 1), 1.0, mode="signal")
+        except RuntimeError as err:
+            errors.append(err)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert len(errors) == 1
+
+
+def test_worker_process_bound_from_a_thread() -> None:
+    """Off the main thread the check runs in a worker process, which is killed on overrun."""
+    results: dict[str, object] = {}
+
+    def body() -> None:
+        start = time.monotonic()
+        results["slow"] = run_bounded(time.sleep, (30,), 0.5)
+        results["slow_s"] = time.monotonic() - start
+        results["equal"] = symbolic_equal("\\frac12", "0.5", timeout_s=30)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(timeout=120)
+    assert results["slow"] == (None, True)
+    assert results["slow_s"] < 15  # includes the worker's start-up
+    assert results["equal"].equal and not results["equal"].timed_out
+
+
+@pytest.mark.parametrize("latex, refused", [
+    ("10^{10^{10}}", True),
+    ("2^{2^{2^{2^{2}}}}", False),  # 2^65536 has ~20k digits: feasible
+    ("10^{1000}", False),
+    ("1^{10^{100}}", False),
+    ("100000000!", True),
+    ("20!", False),
+    ("\\frac{1}{10^{10^{8}}}", True),
+    ("x^{10^{9}}", True),
+    ("(x+1)^{3}", False),
+])
+def test_guard(latex: str, refused: bool) -> None:
+    assert (pathology(parse_answer(latex)) is not None) is refused
+
+
+def test_empty_answers_are_not_equal() -> None:
+    assert not symbolic_equal("1", "").equal
+    assert not symbolic_equal("1", "\\text{}").equal
