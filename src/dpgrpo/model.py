@@ -37,6 +37,8 @@ MODEL_ALIASES: dict[str, tuple[str, str]] = {
     "smollm2-135m": (SMOLLM2_PACKAGE, _SMOLLM2_FILE),
 }
 
+_INSTALL_HINTS = {SMOLLM2_PACKAGE: SMOLLM2_INSTALL}
+
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                           "down_proj")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -94,15 +96,16 @@ def _alias_path(alias: str) -> Path:
     try:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
+        hint = _INSTALL_HINTS.get(package, f"pip install {package}")
         raise ConfigError(f"model alias '{alias}' needs the PyPI package {package}; "
-                          f"install it with: {SMOLLM2_INSTALL}") from None
+                          f"install it with: {hint}") from None
     for f in dist.files or []:
         if f.name == filename:
             path = Path(str(f.locate()))
             if path.is_file():
                 return path
     raise ConfigError(f"package {package} is installed but {filename} is missing; "
-                      f"reinstall it with: {SMOLLM2_INSTALL}")
+                      f"reinstall it with: {_INSTALL_HINTS.get(package, 'pip install ' + package)}")
 
 
 def resolve_model(name: str) -> ModelSource:

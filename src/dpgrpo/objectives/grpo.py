@@ -29,7 +29,7 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be (B, G), got shape {tuple(rewards.shape)}")
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
-    if rewards.shape[1] < 2:
+    if rewards.shape[1] < 2 or rewards.shape[0] == 0:
         return torch.zeros_like(rewards)
     mean = rewards.mean(dim=1, keepdim=True)                 # (B, 1)
     std = rewards.std(dim=1, correction=1, keepdim=True)     # (B, 1), G-1 denominator

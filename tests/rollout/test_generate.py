@@ -1,0 +1,143 @@
+"""Rollouts: masks and lengths, EOS stops, the cap, generator-only randomness, empty rounds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.rollout import RolloutBatch, generate
+from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+
+MSGS = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many?"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return build_tiny_model(tok)
+
+
+def _eos_bias(model, tok, bias: float):
+    """Add ``bias`` to the EOS logit so the random tiny model ends some completions."""
+    def hook(module, args, output):  # noqa: ANN001
+        output = output.clone()
+        output[..., tok.eos_token_id] += bias
+        return output
+    return model.lm_head.register_forward_hook(hook)
+
+
+def _check_consistent(ro: RolloutBatch, tok, max_new_tokens: int) -> None:
+    n = ro.num_prompts * ro.group_size
+    assert ro.input_ids.shape == ro.attention_mask.shape == ro.completion_mask.shape
+    assert ro.input_ids.shape[0] == n and ro.completion_lengths.shape == (n,)
+    assert len(ro.texts) == ro.num_prompts and all(len(t) == ro.group_size for t in ro.texts)
+    cm, am = ro.completion_mask.bool(), ro.attention_mask.bool()
+    assert not (cm & ~am).any()                                   # completion within attention
+    assert torch.equal(ro.completion_mask.sum(1), ro.completion_lengths)
+    assert (ro.completion_lengths >= 1).all() and (ro.completion_lengths <= max_new_tokens).all()
+    start = int(cm.any(0).nonzero()[0])                           # all completions start here
+    assert torch.equal(cm[:, start], torch.ones(n, dtype=torch.bool))
+    assert not cm[:, :start].any()
+    for row in range(n):
+        comp = ro.input_ids[row][cm[row]]
+        is_eos = comp == tok.eos_token_id
+        if ro.hit_cap[row]:
+            assert len(comp) == max_new_tokens and not is_eos.any()
+        else:
+            assert is_eos[-1] and not is_eos[:-1].any()           # stopped at the first EOS
+        text = ro.texts[row // ro.group_size][row % ro.group_size]
+        assert text == tok.decode(comp, skip_special_tokens=True)
+        assert "<|im_end|>" not in text
+        pos = am[row].nonzero().squeeze(1)                        # no holes in attention
+        assert int(pos[-1] - pos[0]) + 1 == len(pos)
+
+
+def test_shapes_masks_and_prompt_major_order(model, tok):
+    ro = generate(model, tok, MSGS, group_size=3, temperature=1.0, max_new_tokens=8,
+                  generator=torch.Generator().manual_seed(0))
+    assert ro.num_prompts == 2 and ro.group_size == 3 and ro.num_rows == 6
+    _check_consistent(ro, tok, 8)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
+                                       add_generation_prompt=True) for m in MSGS]
+    prompt_part = ro.attention_mask.bool() & ~ro.completion_mask.bool()
+    for row in range(6):
+        assert tok.decode(ro.input_ids[row][prompt_part[row]]) == prompts[row // 3]
+
+
+def test_eos_stops_and_cap_flags(model, tok):
+    handle = _eos_bias(model, tok, 4.0)
+    try:
+        ro = generate(model, tok, MSGS, group_size=8, temperature=1.0, max_new_tokens=5,
+                      generator=torch.Generator().manual_seed(1))
+    finally:
+        handle.remove()
+    _check_consistent(ro, tok, 5)
+    assert ro.hit_cap.any() and (~ro.hit_cap).any()
+    assert (ro.completion_lengths[~ro.hit_cap] < 5).any()         # some stopped early
+
+
+def test_greedy_eos_first_token_and_no_eos(model, tok):
+    handle = _eos_bias(model, tok, 100.0)
+    try:
+        ro = generate(model, tok, MSGS, group_size=2, temperature=0.0, max_new_tokens=6)
+    finally:
+        handle.remove()
+    assert torch.equal(ro.completion_lengths, torch.ones(4, dtype=torch.long))
+    assert not ro.hit_cap.any() and ro.texts == [["", ""], ["", ""]]
+    handle = _eos_bias(model, tok, -100.0)
+    try:
+        ro = generate(model, tok, MSGS, group_size=2, temperature=0.0, max_new_tokens=6)
+    finally:
+        handle.remove()
+    _check_consistent(ro, tok, 6)
+    assert ro.hit_cap.all() and (ro.completion_lengths == 6).all()
+    assert ro.texts[0][0] == ro.texts[0][1]                        # greedy: identical
+
+
+def test_randomness_only_from_the_generator(model, tok):
+    def run(seed: int, global_seed: int) -> RolloutBatch:
+        torch.manual_seed(global_seed)
+        return generate(model, tok, MSGS, group_size=4, temperature=1.0, max_new_tokens=6,
+                        generator=torch.Generator().manual_seed(seed))
+    a, b, c = run(3, 0), run(3, 123), run(4, 0)
+    assert a.texts == b.texts and torch.equal(a.input_ids, b.input_ids)
+    assert a.texts != c.texts
+    state = torch.random.get_rng_state()
+    generate(model, tok, MSGS, group_size=2, temperature=1.0, max_new_tokens=4)  # OS entropy
+    assert torch.equal(state, torch.random.get_rng_state())      # global RNG untouched
+    assert len({t for g in a.texts for t in g}) > 1              # samples differ in a group
+
+
+def test_batch_size_chunks(model, tok):
+    ro = generate(model, tok, MSGS, group_size=3, temperature=1.0, max_new_tokens=5,
+                  generator=torch.Generator().manual_seed(0), batch_size=3)
+    _check_consistent(ro, tok, 5)
+    assert ro.num_rows == 6
+
+
+def test_empty_round(model, tok):
+    ro = generate(model, tok, [], group_size=4, temperature=0.7, max_new_tokens=8)
+    assert ro.num_prompts == 0 and ro.texts == [] and ro.group_size == 4
+    assert ro.input_ids.shape == (0, 0) and ro.input_ids.dtype == torch.long
+    assert ro.completion_mask.dim() == 2 and ro.attention_mask.dim() == 2
+    assert ro.completion_lengths.shape == (0,) and ro.hit_cap.dtype == torch.bool
+
+
+def test_generation_restores_training_mode(model, tok):
+    model.train()
+    generate(model, tok, MSGS[:1], group_size=1, temperature=0.0, max_new_tokens=2)
+    assert model.training
+    model.eval()
+
+
+@pytest.mark.parametrize("kwargs", [dict(group_size=0), dict(temperature=-1.0),
+                                    dict(max_new_tokens=0), dict(batch_size=0)])
+def test_invalid_settings(model, tok, kwargs):
+    args = dict(group_size=2, temperature=1.0, max_new_tokens=4) | kwargs
+    with pytest.raises(ConfigError):
+        generate(model, tok, MSGS, **args)

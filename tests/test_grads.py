@@ -1,0 +1,208 @@
+"""Per-prompt gradients: fast path = reference loop, chunk identity, cross-prompt isolation,
+non-private equivalence and zero-advantage groups (paper, Appendix B), in float64."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.grads import (flat_mean_gradient, per_prompt_grads, per_prompt_grads_fast,
+                          per_prompt_grads_reference, prompt_gradient, trainable_parameters)
+from dpgrpo.model import LoraSettings, attach_lora
+from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, group_advantages,
+                                    reference_logprobs)
+from dpgrpo.rollout import RolloutBatch, generate
+from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+
+MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more.", "Answer: A B C",
+            "abc", "Solve the problem step by step."]
+
+
+def _exact_rmsnorm(model: torch.nn.Module) -> None:
+    """HF's LlamaRMSNorm computes in fp32 even for fp64 models; keep fp64 end to end."""
+    def forward(self, h):  # noqa: ANN001
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
+                                              + self.variance_epsilon))
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(forward, module)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def policy(tok):
+    """fp64 tiny Llama with a nonzero LoRA adapter (so the KL term has a gradient)."""
+    base = build_tiny_model(tok, dtype="float64")
+    _exact_rmsnorm(base)
+    model = attach_lora(base, LoraSettings(dropout=0.0))
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.2)
+    return model.eval()
+
+
+def make_rollouts(tok, num_prompts: int, group: int, *, seed: int = 0,
+                  same_prompt: bool = False) -> RolloutBatch:
+    """Left-padded prompts of unequal length, completions of unequal length (some hit cap)."""
+    gen = torch.Generator().manual_seed(seed)
+    msgs = [MESSAGES[0 if same_prompt else i % len(MESSAGES)] for i in range(num_prompts)]
+    texts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
+                                     add_generation_prompt=True) for m in msgs]
+    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
+              add_special_tokens=False)
+    cap, n = 7, num_prompts * group
+    lengths = torch.tensor([1 + (r * 3) % cap for r in range(group)] * num_prompts)
+    if same_prompt:
+        comp = torch.randint(3, len(tok), (group, cap), generator=gen).repeat(num_prompts, 1)
+    else:
+        comp = torch.randint(3, len(tok), (n, cap), generator=gen)
+        lengths = lengths[torch.randperm(n, generator=gen)]
+    ended = lengths < cap
+    comp[torch.arange(n)[ended], lengths[ended] - 1] = tok.eos_token_id
+    cmask = (torch.arange(cap).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    comp = torch.where(cmask.bool(), comp, tok.pad_token_id)
+    pids = enc["input_ids"].repeat_interleave(group, 0)
+    pmask = enc["attention_mask"].repeat_interleave(group, 0)
+    return RolloutBatch(texts=[[""] * group] * num_prompts,
+                        input_ids=torch.cat([pids, comp], 1),
+                        attention_mask=torch.cat([pmask, cmask], 1),
+                        completion_mask=torch.cat([torch.zeros_like(pmask), cmask], 1),
+                        completion_lengths=lengths, hit_cap=~ended, group_size=group,
+                        num_prompts=num_prompts)
+
+
+def make_batch(policy, tok, rewards: torch.Tensor, *, seed: int = 0, same_prompt=False):
+    b, g = rewards.shape
+    if b == 0:
+        rollouts = generate(policy, tok, [], group_size=g, temperature=1.0, max_new_tokens=4)
+    else:
+        rollouts = make_rollouts(tok, b, g, seed=seed, same_prompt=same_prompt)
+    ref = reference_logprobs(policy, rollouts)
+    return build_grpo_batch(rollouts, rewards.double(), group_advantages(rewards.double()), ref)
+
+
+def _max_abs(a: dict, b: dict) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_fast_equals_reference_with_padding(policy, tok):
+    rewards = torch.tensor([[1., 0, 0, 1], [0, 0, 0, 1], [1, 1, 1, 0]])
+    batch = make_batch(policy, tok, rewards)
+    assert len(set(batch.loss_mask.sum(1).tolist())) > 2            # unequal lengths
+    assert (batch.attention_mask == 0).any()                         # padding present
+    fast = per_prompt_grads_fast(policy, GRPOObjective(), batch)
+    ref = per_prompt_grads_reference(policy, GRPOObjective(), batch)
+    params = trainable_parameters(policy)
+    assert set(fast) == set(params) and len(params) == 28
+    for name, p in params.items():
+        assert fast[name].shape == (3, *p.shape) and fast[name].dtype == torch.float64
+        scale = float(ref[name].abs().max())
+        assert scale > 0
+        assert float((fast[name] - ref[name]).abs().max()) <= 1e-6 * scale, name
+    assert all(p.grad is None for p in policy.parameters())
+
+
+def test_prompts_per_pass_and_dispatch(policy, tok):
+    batch = make_batch(policy, tok, torch.tensor([[1., 0, 1], [0, 0, 1], [1, 0, 0]]))
+    one = per_prompt_grads_fast(policy, GRPOObjective(), batch)
+    split = per_prompt_grads_fast(policy, GRPOObjective(), batch, prompts_per_pass=2)
+    assert _max_abs(one, split) <= 1e-12
+    via = per_prompt_grads(policy, GRPOObjective(), batch, method="reference", chunk_size=2)
+    assert _max_abs(one, via) <= 1e-12
+    with pytest.raises(ConfigError):
+        per_prompt_grads(policy, GRPOObjective(), batch, method="per-sample")
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4, 8])
+def test_rollout_chunked_backward_identity(policy, tok, chunk):
+    rewards = torch.tensor([[1., 0, 0, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 0, 1]])
+    batch = make_batch(policy, tok, rewards, seed=3)
+    obj = GRPOObjective()
+    for i in range(2):
+        loss_full, grad_full = prompt_gradient(policy, obj, batch, i)
+        loss_chunk, grad_chunk = prompt_gradient(policy, obj, batch, i, chunk_size=chunk)
+        torch.testing.assert_close(loss_chunk, loss_full, rtol=1e-6, atol=1e-7)
+        for name in grad_full:
+            torch.testing.assert_close(grad_chunk[name], grad_full[name], rtol=1e-10,
+                                       atol=1e-12)
+    chunked = per_prompt_grads_reference(policy, obj, batch, chunk_size=chunk)
+    fast = per_prompt_grads_fast(policy, obj, batch)
+    for name in fast:
+        torch.testing.assert_close(chunked[name], fast[name], rtol=1e-10, atol=1e-12)
+
+
+def test_cross_prompt_isolation_fast_path(policy, tok):
+    """Change all of prompt j's rewards: prompt i's gradient is bit-identical."""
+    obj = GRPOObjective()
+    before_r = torch.tensor([[1., 0, 0, 1], [0, 1, 1, 1], [1, 0, 0, 0]])
+    after_r = before_r.clone()
+    after_r[1] = torch.tensor([1., 0, 0, 0])                        # prompt j = 1
+    before = per_prompt_grads_fast(policy, obj, make_batch(policy, tok, before_r))
+    after = per_prompt_grads_fast(policy, obj, make_batch(policy, tok, after_r))
+    for name in before:
+        assert torch.equal(before[name][0], after[name][0]), name
+        assert torch.equal(before[name][2], after[name][2]), name
+    assert any(not torch.equal(before[n][1], after[n][1]) for n in before)
+    ref_after = per_prompt_grads_reference(policy, obj, make_batch(policy, tok, after_r))
+    ref_before = per_prompt_grads_reference(policy, obj, make_batch(policy, tok, before_r))
+    assert all(torch.equal(ref_before[n][0], ref_after[n][0]) for n in ref_before)
+
+
+def test_non_private_equivalence(policy, tok):
+    """sum_i g_i / B = gradient of the flat mean of all B*G completion losses (<= 1e-12)."""
+    rewards = torch.tensor([[1., 0, 0, 1], [0, 0, 1, 1], [1, 1, 1, 0]])
+    batch = make_batch(policy, tok, rewards, seed=5)
+    obj = GRPOObjective()
+    per_prompt = per_prompt_grads_fast(policy, obj, batch)
+    flat = flat_mean_gradient(policy, obj, batch)
+    assert _max_abs({k: v.sum(0) / 3 for k, v in per_prompt.items()}, flat) <= 1e-12
+    loss = obj.row_losses(policy, batch, slice(0, batch.num_rows)).mean()   # plain backward
+    loss.backward()
+    try:
+        params = trainable_parameters(policy)
+        assert max(float((flat[n] - p.grad).abs().max()) for n, p in params.items()) <= 1e-12
+    finally:
+        policy.zero_grad(set_to_none=True)
+
+
+def test_zero_advantage_groups_are_kept_and_identical(policy, tok):
+    rewards = torch.tensor([[1., 1, 1, 1], [0., 0, 0, 0]])          # all correct, all wrong
+    batch = make_batch(policy, tok, rewards, same_prompt=True)
+    assert torch.equal(batch.advantages, torch.zeros(2, 4, dtype=torch.float64))
+    losses = GRPOObjective().row_losses(policy, batch, slice(0, 8))
+    assert torch.isfinite(losses).all() and (losses != 0).any()     # KL term only
+    grads = per_prompt_grads_fast(policy, GRPOObjective(), batch)
+    for name, g in grads.items():
+        assert g.shape[0] == 2 and torch.isfinite(g).all()
+        assert torch.equal(g[0], g[1]), name
+    assert sum(float(g[0].norm()) for g in grads.values()) > 0
+    no_kl = per_prompt_grads_fast(policy, GRPOObjective(beta=0.0), batch)
+    assert all(float(g.abs().max()) == 0.0 for g in no_kl.values())
+
+
+def test_fast_path_rejects_uncovered_parameters(policy, tok):
+    batch = make_batch(policy, tok, torch.tensor([[1., 0]]))
+    embed = policy.get_input_embeddings().weight
+    embed.requires_grad_(True)
+    try:
+        with pytest.raises(ConfigError, match="no per-prompt hook"):
+            per_prompt_grads_fast(policy, GRPOObjective(), batch)
+    finally:
+        embed.requires_grad_(False)
+    assert per_prompt_grads_fast(policy, GRPOObjective(), batch)  # hooks were removed
+
+
+def test_empty_batch(policy, tok):
+    batch = make_batch(policy, tok, torch.zeros(0, 4))
+    for fn in (per_prompt_grads_fast, per_prompt_grads_reference):
+        grads = fn(policy, GRPOObjective(), batch)
+        assert all(g.shape[0] == 0 for g in grads.values()) and len(grads) == 28
