@@ -22,7 +22,16 @@ def test_canaries_are_public_deterministic_and_verifiable():
     for c in a:
         x, y, z = map(int, re.match(r"What is (\d+) \* (\d+) \+ (\d+)\?", c.question).groups())
         assert int(c.answer) == x * y + z
-        assert c.solution.endswith(f"#### {c.answer}")
+        assert 10 <= x <= 99 and 10 <= y <= 99 and 10 <= z <= 99
+        assert c.solution.endswith(f"The answer is {c.answer}.")
+    assert int(make_canaries(1, seed=0, digits=4)[0].question.split()[2]) >= 1000
+    with pytest.raises(ValueError, match="more digits"):
+        make_canaries(100, seed=0, digits=1)
+    from dpgrpo.tasks import get_task
+
+    task = get_task("arithmetic")
+    assert all(task.reward(c.solution, c) == 1.0 for c in a[:5])
+    assert task.reward("The answer is 1.", a[0]) == 0.0
 
 
 def test_inclusion_bits():
@@ -57,3 +66,20 @@ def test_signal_ranks_by_gain_then_likelihood():
     assert canary_signal(x, DIBA_FEATURES, "likelihood_ratio")[2] == -np.inf
     with pytest.raises(ValueError):
         canary_signal(x, DIBA_FEATURES, "nope")
+
+
+def test_signal_to_bound_on_planted_features():
+    """Included canaries improved (reward gain 0.5), the others did not: a large bound."""
+    from dpgrpo.audit.one_run import one_run_audit
+
+    rng = np.random.default_rng(0)
+    included = np.array(draw_inclusion(400, torch.Generator().manual_seed(9)))
+    x = rng.normal(size=(400, len(DIBA_FEATURES)))
+    x[:, DIBA_FEATURES.index("score_gain")] = np.where(included, 0.5, 0.0)
+    scores = canary_signal(x, DIBA_FEATURES)
+    res = one_run_audit(scores, included, k_plus=40, k_minus=40, delta=1e-5)
+    assert (res.r, res.v) == (80, 80)
+    assert 2.5 < res.epsilon_lower_bound < 3.6               # logit(0.05 ** (1/80)) = 3.57
+    noise = one_run_audit(canary_signal(rng.normal(size=x.shape), DIBA_FEATURES), included,
+                          k_plus=40, k_minus=40, delta=1e-5)
+    assert noise.epsilon_lower_bound < 1.0

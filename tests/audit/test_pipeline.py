@@ -12,7 +12,7 @@ from dpgrpo.audit.pipeline import read_candidates, read_run, run_canary_audit, r
 from dpgrpo.audit.report import write_canary_report, write_mia_report
 from dpgrpo.audit.scoring import SamplingSettings
 from dpgrpo.audit.testing import make_toy_run, toy_problems, write_jsonl
-from dpgrpo.errors import DataError, ReleaseError
+from dpgrpo.errors import ConfigError, DataError, ReleaseError
 
 SETTINGS = SamplingSettings(n_samples=2, max_new_tokens=4)
 
@@ -72,3 +72,5 @@ def test_canary_end_to_end(toy_run, tmp_path):
     top = sorted(rows, key=lambda r: -r["score"])
     v = sum(r["included"] for r in top[:3]) + sum(not r["included"] for r in top[-3:])
     assert v == a.v
+    with pytest.raises(ConfigError, match="k_plus"):
+        run_canary_audit(toy_run, k_plus=10, k_minus=3, settings=SETTINGS)

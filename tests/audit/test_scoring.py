@@ -14,7 +14,7 @@ from dpgrpo.audit.scoring import (
 )
 from dpgrpo.audit.testing import register_toy_task, toy_problems
 from dpgrpo.model import LoraSettings, load_adapter, load_policy
-from dpgrpo.tasks.base import get_task
+from dpgrpo.tasks import get_task
 
 SETTINGS = SamplingSettings(n_samples=2, max_new_tokens=6)
 
@@ -56,6 +56,11 @@ def test_token_stats_ignore_left_padding(toy_policy):
     scored = (score[:, 1:].bool() & attn[:, :-1].bool()).numpy()
     assert (ent[:, 1:][scored] > 0).all() and (ent[:, 1:][~scored] == 0).all()
     assert (lp[:, 1:][scored] < 0).all() and scored.sum() == len(short) - 1 + len(long) - 1
+    from dpgrpo.objectives.grpo import token_logprobs     # the training's log-probabilities
+
+    with torch.no_grad():
+        train_lp = token_logprobs(model, ids, attn).double().numpy()
+    np.testing.assert_allclose(lp[:, 1:][scored], train_lp[:, 1:][scored], atol=1e-5)
 
 
 def test_zero_adapter_gives_zero_logit_features(zero_policy, toy_task):

@@ -1,1 +1,19 @@
-"""dpgrpo.audit"""
+"""Privacy audits of a released run: membership inference (DIBA), baselines, canaries.
+
+Pure parts (no model):
+
+* :mod:`~dpgrpo.audit.features`: DIBA's six prompt-level features from rewards, per-token
+  log-probabilities and texts (Liu et al., "GRPO Privacy Is at Risk", Section 5);
+* :mod:`~dpgrpo.audit.baselines`: LOSS, zlib, Min-K% and entropy, raw and base-calibrated;
+* :mod:`~dpgrpo.audit.mia`: the stacking classifier, stratified k-fold evaluation, Table 3's
+  hardness split;
+* :mod:`~dpgrpo.audit.metrics`: AUC, balanced accuracy, TPR at fixed FPR;
+* :mod:`~dpgrpo.audit.one_run`: the one-run epsilon lower bound of Steinke, Nasr and Jagielski
+  (2023);
+* :mod:`~dpgrpo.audit.canary`: canaries, secret inclusion bits, the saved plan, canary signal.
+
+Model-facing parts: :mod:`~dpgrpo.audit.scoring` (sampling and scoring with the release and
+its base), :mod:`~dpgrpo.audit.pipeline` (audits of a run directory) and
+:mod:`~dpgrpo.audit.report` (JSON, markdown, ROC figure). Submodules are imported on demand so
+that ``import dpgrpo.audit`` stays light (scikit-learn and matplotlib are the ``audit`` extra).
+"""

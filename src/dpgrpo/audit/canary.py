@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpgrpo.errors import DataError, ReleaseError
-from dpgrpo.tasks.base import Problem
+from dpgrpo.errors import ConfigError, DataError, ReleaseError
+from dpgrpo.tasks import Problem
 
 CANARY_PLAN_VERSION = 1
 
@@ -38,31 +38,40 @@ SIGNALS: tuple[str, ...] = ("gain+likelihood", "score_gain", "likelihood_ratio",
                             "zlib_likelihood_ratio")
 
 
-def make_canaries(k: int, *, seed: int) -> list[Problem]:
-    """k random arithmetic problems ``a * b + c`` with distinct integer answers.
+def make_canaries(k: int, *, seed: int, digits: int = 2) -> list[Problem]:
+    """k random arithmetic problems ``a * b + c`` (``digits``-digit operands), distinct answers.
 
     Deterministic in the public ``seed``: the canaries' content is public, only their
-    inclusion is secret. Ids are ``canary-0000``, ``canary-0001``, ...
+    inclusion is secret. Ids are ``canary-0000``, ``canary-0001``, ... Difficulty matters for
+    power: GRPO's advantage is zero on a prompt the policy always fails or always solves, so a
+    canary leaves a trace mainly when the base sometimes solves it (DIBA Table 3, "Residual");
+    raise ``digits`` for stronger models.
     """
     if k < 1:
         raise ValueError(f"need at least one canary, got k={k}")
+    if digits < 1:
+        raise ValueError(f"digits must be >= 1, got {digits}")
+    lo, hi = 10 ** (digits - 1), 10 ** digits - 1
     rng = random.Random(seed)
     seen: set[int] = set()
     out: list[Problem] = []
-    while len(out) < k:
-        a, b, c = rng.randint(100, 9999), rng.randint(11, 999), rng.randint(100, 9999)
+    for _ in range(50 * k + 1000):
+        if len(out) == k:
+            break
+        a, b, c = rng.randint(lo, hi), rng.randint(lo, hi), rng.randint(lo, hi)
         answer = a * b + c
         if answer in seen:
             continue
         seen.add(answer)
-        i = len(out)
         out.append(Problem(
-            id=f"canary-{i:04d}",
-            question=f"What is {a} * {b} + {c}? Give the final answer as a number.",
+            id=f"canary-{len(out):04d}",
+            question=f"What is {a} * {b} + {c}?",
             answer=str(answer),
-            solution=f"{a} * {b} = {a * b}. {a * b} + {c} = {answer}. "
-                     f"The answer is \\boxed{{{answer}}}.\n#### {answer}",
+            solution=f"{a} * {b} = {a * b}. {a * b} + {c} = {answer}.\nThe answer is {answer}.",
         ))
+    if len(out) < k:
+        raise ValueError(f"could not find {k} canaries with distinct answers at {digits} "
+                         "digits; use more digits")
     return out
 
 
@@ -161,7 +170,7 @@ def canary_signal(features: np.ndarray, names: Sequence[str],
     x = np.asarray(features, dtype=np.float64)
     cols = list(names)
     if signal not in SIGNALS:
-        raise ValueError(f"unknown signal {signal!r}; known: {', '.join(SIGNALS)}")
+        raise ConfigError(f"unknown signal {signal!r}; known: {', '.join(SIGNALS)}")
     if signal != "gain+likelihood":
         return np.nan_to_num(x[:, cols.index(signal)], nan=-np.inf)
     gain = np.nan_to_num(x[:, cols.index("score_gain")], nan=-np.inf)

@@ -26,7 +26,7 @@ from dpgrpo.audit.mia import MIAResult, evaluate_diba, hardness_split
 from dpgrpo.audit.one_run import OneRunResult, one_run_audit
 from dpgrpo.audit.scoring import SamplingSettings, diba_feature_rows, gold_baseline_scores
 from dpgrpo.errors import ConfigError, DataError
-from dpgrpo.tasks.base import Problem
+from dpgrpo.tasks import Problem
 
 
 @dataclass(frozen=True)
@@ -110,13 +110,12 @@ def read_candidates(spec: str | Path, *, data_dir: str | Path | None = None
     match = _SPLIT_SPEC.match(str(spec))
     if match is None:
         raise ConfigError(f"{spec} is neither a JSONL file nor a TASK:SPLIT[a:b] spec")
-    from dpgrpo.tasks import get_task
+    from dpgrpo.tasks import load_problems
 
-    task = get_task(match["task"])
-    problems = task.load_split(match["split"], data_dir).problems
+    problems = load_problems(match["task"], match["split"], data_dir)
     a = int(match["a"]) if match["a"] else None
     b = int(match["b"]) if match["b"] else None
-    return [(p, task.name) for p in problems[a:b]]
+    return [(p, match["task"]) for p in problems[a:b]]
 
 
 def _resolve_tasks(candidates: Sequence[tuple[Problem, str | None]], default: str | None) -> list[str]:
@@ -180,6 +179,9 @@ def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
         raise DataError("candidate ids must be unique across members and non-members")
     tasks = _resolve_tasks(mem + non, task or run.task_name)
     labels = np.array([1] * len(mem) + [0] * len(non))
+    if min(len(mem), len(non)) < n_folds:
+        raise ConfigError(f"{n_folds}-fold cross-validation needs at least {n_folds} members and "
+                          f"{n_folds} non-members; got {len(mem)} and {len(non)}")
     policy = _load_release(run, dtype, device)
     generator = torch.Generator().manual_seed(seed)
     rows = _by_task(problems, tasks, lambda t, ps: diba_feature_rows(
@@ -247,6 +249,9 @@ def run_canary_audit(run_dir: str | Path, *, k_plus: int | None = None,
     m = len(plan.canaries)
     kp = default_k(m) if k_plus is None else k_plus
     km = default_k(m) if k_minus is None else k_minus
+    if kp < 0 or km < 0 or kp + km > m:
+        raise ConfigError(f"need k_plus, k_minus >= 0 and k_plus + k_minus <= {m} canaries, "
+                          f"got {kp} and {km}")
     policy = _load_release(run, dtype, device)
     rows = diba_feature_rows(policy.model, policy.tokenizer, get_task(name), plan.canaries,
                              settings=settings, generator=torch.Generator().manual_seed(seed))

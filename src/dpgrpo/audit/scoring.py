@@ -93,6 +93,32 @@ def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return logp, ent
 
 
+def _completion_logprobs(model: Any, batch: Any, batch_size: int) -> np.ndarray:
+    """``(N, L)`` log-probabilities of a rollout's tokens, as training computes them.
+
+    Uses :func:`dpgrpo.objectives.grpo.token_logprobs` (position ids from the attention mask,
+    logits only from the first completion column), so the audit's k3 and likelihood ratio are
+    the quantities of the GRPO objective's KL term (Eq. 3).
+    """
+    from dpgrpo.objectives.grpo import first_loss_column, token_logprobs
+
+    first = max(1, first_loss_column(batch.completion_mask))
+    device = next(model.parameters()).device
+    parts = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, batch.input_ids.shape[0], batch_size):
+                rows = slice(start, start + batch_size)
+                parts.append(token_logprobs(model, batch.input_ids[rows].to(device),
+                                           batch.attention_mask[rows].to(device),
+                                           first=first).double().cpu())
+    finally:
+        model.train(was_training)
+    return torch.cat(parts).numpy()
+
+
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
@@ -117,11 +143,9 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
         ft = generate(model, tokenizer, messages, **kwargs)
         with model.disable_adapter():
             base = generate(model, tokenizer, messages, **kwargs)
-        lp_ft, _ = token_stats(model, ft.input_ids, ft.attention_mask, ft.completion_mask,
-                               batch_size=settings.score_batch_size)
+        lp_ft = _completion_logprobs(model, ft, settings.score_batch_size)
         with model.disable_adapter():
-            lp_base, _ = token_stats(model, ft.input_ids, ft.attention_mask, ft.completion_mask,
-                                     batch_size=settings.score_batch_size)
+            lp_base = _completion_logprobs(model, ft, settings.score_batch_size)
         mask = ft.completion_mask.bool().numpy()
         mask[:, 0] = False                                                   # never scored
         for i, problem in enumerate(chunk):

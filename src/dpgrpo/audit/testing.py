@@ -14,8 +14,15 @@ from pathlib import Path
 import torch
 
 from dpgrpo.audit.canary import CanaryPlan
-from dpgrpo.tasks.base import Problem, Verdict, VerifiedTask, register_scorer, register_task
-from dpgrpo.tasks.base import SCORERS, task_names
+from dpgrpo.tasks import (
+    SCORERS,
+    Problem,
+    Verdict,
+    VerifiedTask,
+    register_scorer,
+    register_task,
+    task_names,
+)
 
 TOY_TASK = "audit-toy"
 _TOY_SCORER = "audit_toy_contains"
