@@ -40,7 +40,8 @@ def toy_policy(tiny_model_dir, tmp_path_factory):
 
 def test_token_stats_ignore_left_padding(toy_policy):
     model, tok = toy_policy.model, toy_policy.tokenizer
-    short, long = tok("What is 1 plus 4?")["input_ids"], tok("What is 12 plus 30? It is")["input_ids"]
+    short = tok("What is 1 plus 4?")["input_ids"]
+    long = tok("What is 12 plus 30? It is")["input_ids"]
     width = len(long)
     ids = torch.full((2, width), tok.pad_token_id)
     attn = torch.zeros((2, width), dtype=torch.long)

@@ -63,7 +63,7 @@ def _token_mean(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def loss_score(logp: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """``log pi(o|q)``: the sum of token log-probabilities (minus the LOSS attack's NLL). ``(B,)``."""
+    """``log pi(o|q)``, the sum of token log-probabilities (minus LOSS's NLL). ``(B,)``."""
     return np.where(np.asarray(mask, bool), np.asarray(logp, np.float64), 0.0).sum(axis=-1)
 
 

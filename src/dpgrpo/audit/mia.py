@@ -183,8 +183,8 @@ def evaluate_by_hardness(features: np.ndarray, labels: np.ndarray, subsets: Sequ
             continue
         k = min(n_folds, n_mem, n_non)
         if k < min_per_class:
-            out.append(SubsetResult(name, n_mem, n_non, None,
-                                    note=f"too few candidates of one class for {min_per_class}-fold CV"))
+            note = f"too few candidates of one class for {min_per_class}-fold CV"
+            out.append(SubsetResult(name, n_mem, n_non, None, note=note))
             continue
         res = cross_validate_attack(x[sel], y[sel], n_folds=k, seed=seed, n_estimators=n_estimators)
         note = "" if k == n_folds else f"{k}-fold (smaller class has {min(n_mem, n_non)})"

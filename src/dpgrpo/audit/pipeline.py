@@ -118,7 +118,8 @@ def read_candidates(spec: str | Path, *, data_dir: str | Path | None = None
     return [(p, match["task"]) for p in problems[a:b]]
 
 
-def _resolve_tasks(candidates: Sequence[tuple[Problem, str | None]], default: str | None) -> list[str]:
+def _resolve_tasks(candidates: Sequence[tuple[Problem, str | None]],
+                   default: str | None) -> list[str]:
     names = []
     for problem, name in candidates:
         name = name or default

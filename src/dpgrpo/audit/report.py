@@ -21,12 +21,18 @@ from dpgrpo.audit.pipeline import CanaryOutcome, MIAOutcome
 from dpgrpo.errors import ReleaseError
 
 
-def _out_dir(out: str | Path) -> Path:
+def check_out_dir(out: str | Path) -> Path:
+    """``out`` as a Path, or :class:`ReleaseError` if it lies inside a ``release`` folder."""
     out = Path(out)
     if "release" in out.resolve().parts:
         raise ReleaseError(f"refusing to write audit outputs into {out}: audit tables hold "
                            "membership labels or canary inclusion bits, which a release must "
                            "not contain")
+    return out
+
+
+def _out_dir(out: str | Path) -> Path:
+    out = check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 

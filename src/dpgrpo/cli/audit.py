@@ -34,16 +34,20 @@ def _settings(samples: int, temperature: float, max_new_tokens: int | None, batc
 @audit_app.command("mia")
 def mia(
     run: Path = typer.Option(..., "--run", help="Run directory (with release/)."),
-    members: str = typer.Option(..., "--members", help="Members: JSONL file or TASK:SPLIT[a:b]."),
-    nonmembers: str = typer.Option(..., "--nonmembers", help="Non-members: JSONL or TASK:SPLIT[a:b]."),
+    members: str = typer.Option(..., "--members",
+                                help="Members: JSONL file or TASK:SPLIT[a:b]."),
+    nonmembers: str = typer.Option(..., "--nonmembers",
+                                   help="Non-members: JSONL file or TASK:SPLIT[a:b]."),
     out: Path = typer.Option(..., "--out", help="Output folder (not inside a release)."),
     task: str | None = _TASK,
-    data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark folder for split specs."),
+    data_dir: Path | None = typer.Option(None, "--data-dir",
+                                         help="Benchmark folder for split specs."),
     samples: int = _SAMPLES,
     temperature: float = _TEMPERATURE,
     max_new_tokens: int | None = _MAX_NEW,
     folds: int = typer.Option(5, "--folds", help="Stratified cross-validation folds."),
-    trees: int = typer.Option(100, "--trees", help="Random-forest trees in the stacking classifier."),
+    trees: int = typer.Option(100, "--trees",
+                              help="Random-forest trees in the stacking classifier."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines",
                                    help="Also run LOSS, zlib, Min-K% and entropy baselines."),
     seed: int = _SEED,
@@ -53,8 +57,9 @@ def mia(
 ) -> None:
     """DIBA membership inference on a release: JSON summary, markdown report, ROC figure."""
     from dpgrpo.audit.pipeline import run_mia
-    from dpgrpo.audit.report import write_mia_report
+    from dpgrpo.audit.report import check_out_dir, write_mia_report
 
+    check_out_dir(out)
     outcome = run_mia(run, members, nonmembers, task=task, data_dir=data_dir,
                       settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch),
                       seed=seed, n_folds=folds, n_estimators=trees, baselines=baselines,
@@ -69,10 +74,13 @@ def mia(
 
 @audit_app.command("canary")
 def canary(
-    run: Path = typer.Option(..., "--run", help="Run directory (release/ and recovery/canaries.json)."),
+    run: Path = typer.Option(..., "--run",
+                             help="Run directory (release/ and recovery/canaries.json)."),
     out: Path = typer.Option(..., "--out", help="Output folder (not inside a release)."),
-    k_plus: int | None = typer.Option(None, "--k-plus", help="Canaries guessed 'in' (default m/10)."),
-    k_minus: int | None = typer.Option(None, "--k-minus", help="Canaries guessed 'out' (default m/10)."),
+    k_plus: int | None = typer.Option(None, "--k-plus",
+                                      help="Canaries guessed 'in' (default m/10)."),
+    k_minus: int | None = typer.Option(None, "--k-minus",
+                                       help="Canaries guessed 'out' (default m/10)."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the lower bound."),
     delta: float | None = typer.Option(None, "--delta", help="Delta (default: the certificate's)."),
     signal: str = typer.Option("gain+likelihood", "--signal",
@@ -88,8 +96,9 @@ def canary(
 ) -> None:
     """One-run empirical epsilon lower bound from the run's canaries, beside the certified one."""
     from dpgrpo.audit.pipeline import run_canary_audit
-    from dpgrpo.audit.report import write_canary_report
+    from dpgrpo.audit.report import check_out_dir, write_canary_report
 
+    check_out_dir(out)
     outcome = run_canary_audit(
         run, k_plus=k_plus, k_minus=k_minus, confidence=confidence, delta=delta, signal=signal,
         task=task, settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch),
