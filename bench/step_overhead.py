@@ -1,0 +1,197 @@
+"""Cost of one DP-GRPO update against one non-private GRPO update, on the same batch.
+
+Three full updates (rollouts, rewards and reference log-probs are fixed beforehand and not
+timed, since all three need them equally):
+
+  (i)   non-private: flat-mean GRPO loss (Eq. 7), ``loss.backward()``, AdamW step;
+  (ii)  reference loop: one backward per prompt, then clip + sum + noise + divide by q*n
+        (``dpgrpo.privacy.mechanism.privatize``), AdamW step;
+  (iii) fast path: one backward with per-prompt LoRA hooks, same mechanism and step.
+
+Times are medians over ``--repeats`` interleaved rounds (after one warm-up round that also
+creates the AdamW state). Memory is the peak of bytes allocated during one update above what
+was allocated before it: ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the running sum
+of the profiler's allocator events (``profile_memory=True``), which counts every torch
+tensor allocation and free exactly (not sampled RSS).
+
+    .venv/bin/python bench/step_overhead.py [--model tiny|smollm2-135m|PATH]
+        [--prompts 8] [--group 4] [--max-len 64] [--repeats 5] [--threads 1] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from dpgrpo.grads import per_prompt_grads_fast, per_prompt_grads_reference
+from dpgrpo.model import LoraSettings, attach_lora, load_base_model, load_tokenizer
+from dpgrpo.objectives import TrainBatch
+from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
+from dpgrpo.privacy.mechanism import privatize
+from dpgrpo.privacy.noise import NoiseSource
+from dpgrpo.rollout import RolloutBatch
+from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+
+MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many apples?",
+            "Solve the problem step by step: 7 * 8 = ?", "Answer with a letter: A B C D E.",
+            "What is 100 divided by 4?", "A train travels 60 km in 1 hour. How far in 3?",
+            "Compute 2^10.", "What is the sum of the first five odd numbers?"]
+
+
+def load(name: str, device: str) -> tuple[torch.nn.Module, object]:
+    if name == "tiny":
+        tok = build_tiny_tokenizer()
+        base = build_tiny_model(tok, hidden_size=64).to(device)
+        base.requires_grad_(False)
+    else:
+        tok, base = load_tokenizer(name), load_base_model(name, "float32", device)
+    return attach_lora(base, LoraSettings(dropout=0.0)).train(), tok
+
+
+def synthetic_rollouts(tok, prompts: int, group: int, max_len: int, seed: int = 0
+                       ) -> RolloutBatch:
+    """Chat-templated prompts; random completions of lengths in [max_len/2, max_len]."""
+    gen = torch.Generator().manual_seed(seed)
+    texts = [tok.apply_chat_template([{"role": "user", "content": MESSAGES[i % len(MESSAGES)]}],
+                                     tokenize=False, add_generation_prompt=True)
+             for i in range(prompts)]
+    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
+              add_special_tokens=False)
+    n = prompts * group
+    lengths = torch.randint(max(max_len // 2, 1), max_len + 1, (n,), generator=gen)
+    comp = torch.randint(3, min(len(tok), 30000), (n, max_len), generator=gen)
+    comp[torch.arange(n), lengths - 1] = tok.eos_token_id
+    cmask = (torch.arange(max_len)[None] < lengths[:, None]).long()
+    comp = torch.where(cmask.bool(), comp, tok.pad_token_id)
+    pids = enc["input_ids"].repeat_interleave(group, 0)
+    pmask = enc["attention_mask"].repeat_interleave(group, 0)
+    return RolloutBatch([[""] * group] * prompts, torch.cat([pids, comp], 1),
+                        torch.cat([pmask, cmask], 1),
+                        torch.cat([torch.zeros_like(pmask), cmask], 1), lengths,
+                        torch.zeros(n, dtype=torch.bool), group, prompts)
+
+
+def make_steps(model, batch: TrainBatch, lr: float = 1e-5, clip: float = 0.05,
+               sigma: float = 0.6) -> dict[str, Callable[[], None]]:
+    obj = GRPOObjective(beta=0.04)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW(params.values(), lr=lr)
+    noise = NoiseSource(seed=0, device=next(model.parameters()).device)
+    expected = float(batch.num_prompts)  # q*n; any public constant costs the same
+
+    def non_private() -> None:
+        loss = obj.row_losses(model, batch, slice(0, batch.num_rows)).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def private(grad_fn: Callable[..., dict]) -> Callable[[], None]:
+        def step() -> None:
+            grads = grad_fn(model, obj, batch)
+            update = privatize(grads, clip_norm=clip, noise_multiplier=sigma,
+                               expected_batch=expected, noise=noise).update
+            for name, p in params.items():
+                p.grad = update[name].to(p.dtype)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    return {"non-private": non_private, "reference loop": private(per_prompt_grads_reference),
+            "fast path": private(per_prompt_grads_fast)}
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def peak_bytes(step: Callable[[], None], device: str) -> int:
+    """Peak bytes allocated during ``step`` above the level before it."""
+    if device.startswith("cuda"):
+        sync(device)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        sync(device)
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]")
+    level = peak = 0
+    for _, nbytes in events:
+        level += nbytes
+        peak = max(peak, level)
+    return peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    model, tok = load(args.model, args.device)
+    rollouts = synthetic_rollouts(tok, args.prompts, args.group, args.max_len)
+    rewards = torch.randint(0, 2, (args.prompts, args.group),
+                            generator=torch.Generator().manual_seed(1)).float()
+    batch = build_grpo_batch(rollouts, rewards, ref_logprobs=reference_logprobs(model, rollouts))
+    batch = batch.to(args.device)
+    steps = make_steps(model, batch)
+
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for k, step in steps.items():  # warm-up; creates the AdamW state
+        step()
+    names = list(steps)
+    for r in range(args.repeats):
+        # interleaved and rotated, so machine load and allocator state hit all alike
+        for k in names[r % 3:] + names[:r % 3]:
+            step = steps[k]
+            sync(args.device)
+            t0 = time.perf_counter()
+            step()
+            sync(args.device)
+            times[k].append(time.perf_counter() - t0)
+    memory = {k: peak_bytes(step, args.device) for k, step in steps.items()}
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base_t, base_m = med["non-private"], memory["non-private"]
+    result = {
+        "model": args.model, "device": args.device, "threads": args.threads,
+        "prompts": args.prompts, "group": args.group, "max_len": args.max_len,
+        "seq_len": int(batch.input_ids.shape[1]), "repeats": args.repeats,
+        "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "time_s": med, "peak_bytes": memory,
+        "loop_time_ratio": med["reference loop"] / base_t,
+        "fast_time_ratio": med["fast path"] / base_t,
+        "loop_memory_ratio": memory["reference loop"] / base_m,
+        "fast_memory_ratio": memory["fast path"] / base_m,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"model {args.model} on {args.device} ({args.threads} threads): B={args.prompts} "
+          f"G={args.group} completion<={args.max_len} tokens, row length {result['seq_len']}, "
+          f"{result['trainable_params']:,} LoRA parameters, median of {args.repeats}")
+    print(f"{'update':16} {'time s':>9} {'x non-private':>14} {'peak MiB':>10} {'x non-private':>14}")
+    for k in steps:
+        print(f"{k:16} {med[k]:9.4f} {med[k] / base_t:14.2f} {memory[k] / 2**20:10.1f} "
+              f"{memory[k] / base_m:14.2f}")
+
+
+if __name__ == "__main__":
+    main()
