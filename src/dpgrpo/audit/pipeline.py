@@ -64,8 +64,11 @@ def read_run(run_dir: str | Path) -> RunInfo:
     name = model.get("name") if isinstance(model, dict) else model
     if not name:
         raise DataError("no model name", path=str(release / "config.json"), field="model.name")
+    data = config.get("data", {})
     task = config.get("task", {})
     task_name = task.get("name") if isinstance(task, dict) else task
+    if not task_name and isinstance(data, dict):  # a dpgrpo training run: data.task
+        task_name = data.get("task")
     cert_path = release / "certificate.json"
     cert = _read_json(cert_path) if cert_path.exists() else {}
     eps, delta = cert.get("epsilon"), cert.get("delta")

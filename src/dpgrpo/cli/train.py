@@ -1,9 +1,85 @@
-"""CLI commands: train (filled in by its issue)."""
+"""`dpgrpo train`: run (or resume) DP-GRPO and its comparator arms."""
 
 from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
 
 import typer
 
 
+def train_cmd(
+    config: Optional[Path] = typer.Argument(None, help="TOML config (default: the embedded CPU demo)."),
+    overrides: list[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Run directory."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in RUN_DIR."),
+    arm: Optional[str] = typer.Option(None, "--arm", help="Shortcut for --set train.arm=..."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Shortcut for --set train.steps=..."),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Shortcut for privacy.epsilon."),
+    model: Optional[str] = typer.Option(None, "--model", help="Shortcut for model.name."),
+    task: Optional[str] = typer.Option(None, "--task", help="Shortcut for data.task."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Shortcut for data.data_dir."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Debug seed: the run is NOT releasable."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Train a LoRA adapter with prompt-level DP (Algorithm 1); writes release/ and recovery/."""
+    from dpgrpo.config import apply_overrides, embedded_default, load_config
+    from dpgrpo.trainer import train
+
+    if resume is not None:
+        if config is not None or overrides:
+            raise typer.BadParameter("--resume continues a run with its saved config; "
+                                     "drop the config file and --set overrides")
+        run_dir, cfg = resume, None
+    else:
+        cfg = load_config(config) if config is not None else embedded_default()
+        shortcuts = {"train.arm": arm, "train.steps": steps, "privacy.epsilon": epsilon,
+                     "model.name": model, "data.task": task, "data.data_dir": data_dir,
+                     "privacy.seed": seed}
+        extra = [f"{k}={v}" for k, v in shortcuts.items() if v is not None]
+        cfg = apply_overrides(cfg, extra + list(overrides))
+        run_dir = output_dir or Path("runs") / f"{cfg.train.arm}-{time.strftime('%Y%m%d-%H%M%S')}"
+        typer.echo(f"run directory: {run_dir}", err=True)
+    total = cfg.train.steps if cfg is not None else None
+    with _progress(quiet, total) as on_round:
+        result = train(cfg, run_dir, resume=resume is not None, progress=on_round)
+    cert = result.certificate
+    status = "releasable" if cert.get("releasable") else f"NOT releasable ({cert.get('not_releasable_because')})"
+    typer.echo(f"release: {result.release_dir}  (epsilon={cert.get('epsilon'):.4g}, "
+               f"delta={cert.get('delta'):.3g}, {status}; {result.steps_skipped} steps skipped)")
+
+
+class _progress:
+    """A rich progress bar showing round, sampled batch size, reward mean and epsilon spent."""
+
+    def __init__(self, quiet: bool, total: int | None) -> None:
+        self.quiet, self.total, self.bar, self.task = quiet, total, None, None
+
+    def __enter__(self):
+        if self.quiet:
+            return lambda info: None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.progress import TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("round"), MofNCompleteColumn(), BarColumn(),
+                            TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+        self.bar.start()
+        self.task = self.bar.add_task("train", total=self.total, status="loading")
+
+        def on_round(info: dict) -> None:
+            reward = info.get("reward_mean")
+            reward_s = "-" if reward is None or reward != reward else f"{reward:.2f}"
+            status = (f"batch {info['batch_size']:3d}  reward {reward_s}  "
+                      f"eps<={info['epsilon']:.3g}")
+            self.bar.update(self.task, completed=info["round"], total=info["steps"], status=status)
+        return on_round
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add `dpgrpo train` to the app."""
+    app.command("train")(train_cmd)

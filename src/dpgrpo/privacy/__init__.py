@@ -1,34 +1,28 @@
-"""The privacy core: Poisson sampling, the clip-and-noise mechanism, noise sources, accounting."""
+"""The privacy core: Poisson sampling, the clip-and-noise mechanism, noise sources, accounting.
 
-from dpgrpo.privacy.accounting import (
-    Calibration,
-    EpsilonReport,
-    PrivacyLedger,
-    RoundEvent,
-    calibrate,
-    calibrate_sigma,
-    compute_epsilon,
-    default_delta,
-    group_privacy,
-    pld_epsilon,
-    rdp_epsilon,
-    replace_one,
-)
-from dpgrpo.privacy.mechanism import (
-    PrivatizedUpdate,
-    add_gaussian_noise,
-    clip_and_sum,
-    clip_per_record,
-    per_record_norms,
-    privatize,
-    sanitize_nonfinite,
-)
-from dpgrpo.privacy.noise import NoiseSource
-from dpgrpo.privacy.sampling import PoissonSampler
+Names are imported lazily so that the accounting (numpy/scipy/dp_accounting only) loads without
+torch, e.g. in the calibration worker process and the ``dpgrpo privacy`` commands.
+"""
 
-__all__ = [
-    "Calibration", "EpsilonReport", "PrivacyLedger", "RoundEvent", "calibrate", "calibrate_sigma",
-    "compute_epsilon", "default_delta", "group_privacy", "pld_epsilon", "rdp_epsilon",
-    "replace_one", "PrivatizedUpdate", "add_gaussian_noise", "clip_and_sum", "clip_per_record",
-    "per_record_norms", "privatize", "sanitize_nonfinite", "NoiseSource", "PoissonSampler",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "accounting": ["Calibration", "EpsilonReport", "PrivacyLedger", "RoundEvent", "calibrate",
+                   "calibrate_sigma", "compute_epsilon", "default_delta", "group_privacy",
+                   "pld_epsilon", "rdp_epsilon", "replace_one"],
+    "mechanism": ["PrivatizedUpdate", "add_gaussian_noise", "clip_and_sum", "clip_per_record",
+                  "per_record_norms", "privatize", "sanitize_nonfinite"],
+    "noise": ["NoiseSource"],
+    "sampling": ["PoissonSampler"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"dpgrpo.privacy.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'dpgrpo.privacy' has no attribute {name!r}")

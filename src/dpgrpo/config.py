@@ -1,0 +1,272 @@
+"""Run configuration: one frozen dataclass per concern, loaded from TOML, with typed overrides.
+
+A TOML file has the sections ``[model]``, ``[data]``, ``[privacy]``, ``[train]`` and ``[audit]``;
+``--set section.key=value`` overrides are parsed to the field's type. Unknown keys and
+inconsistent values raise :class:`dpgrpo.errors.ConfigError` naming the key. Every public input of
+Algorithm 1 is here and must be chosen without looking at the private data (assumption A1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import tomllib
+import typing
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from dpgrpo.errors import ConfigError
+
+ARMS = ("dp-grpo", "zero-advantage", "shuffled-reward", "positive-only", "non-private",
+        "filtered-sft", "gold-sft")
+GRPO_ARMS = ("dp-grpo", "zero-advantage", "shuffled-reward", "positive-only", "non-private")
+SFT_ARMS = ("filtered-sft", "gold-sft")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The public base model and the LoRA adapter (paper, Appendix C-A)."""
+
+    name: str = "smollm2-135m"
+    dtype: str = "float32"  # base weights; loss, clipping, noise and AdamW stay in fp32
+    device: str = "auto"
+    lora_rank: int = 4
+    lora_alpha: float = 8.0
+    lora_dropout: float = 0.05
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                       "up_proj", "down_proj")
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
+            raise ConfigError(f"model.dtype must be float32, bfloat16, float16 or float64, not {self.dtype!r}")
+        if self.lora_rank < 1:
+            raise ConfigError(f"model.lora_rank must be >= 1, got {self.lora_rank}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The private prompts and the public slot universe."""
+
+    task: str = "arithmetic"
+    data_dir: str | None = None
+    split: str = "train"
+    source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
+    limit: int | None = None  # use the first `limit` problems of the split
+    n_slots: int | None = None  # public n; default: number of problems (+ canaries)
+
+    def __post_init__(self) -> None:
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"data.limit must be >= 1, got {self.limit}")
+        if self.n_slots is not None and self.n_slots < 1:
+            raise ConfigError(f"data.n_slots must be >= 1, got {self.n_slots}")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """(epsilon, delta) target and the mechanism's public parameters (Table I)."""
+
+    epsilon: float = 8.0
+    delta: float | None = None  # default 1 / (10 n)
+    expected_batch: float = 128.0  # m = q n
+    clip_norm: float = 0.055
+    noise_multiplier: float | None = None  # None: calibrated from epsilon
+    seed: int | None = None  # debugging only: a seeded run is not releasable
+
+    def __post_init__(self) -> None:
+        if not self.expected_batch > 0:
+            raise ConfigError(f"privacy.expected_batch must be > 0, got {self.expected_batch}")
+        if not self.clip_norm > 0:
+            raise ConfigError(f"privacy.clip_norm must be > 0, got {self.clip_norm}")
+        if self.delta is not None and not 0 < self.delta < 1:
+            raise ConfigError(f"privacy.delta must lie in (0, 1), got {self.delta}")
+        if self.noise_multiplier is not None and self.noise_multiplier < 0:
+            raise ConfigError(f"privacy.noise_multiplier must be >= 0, got {self.noise_multiplier}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Algorithm 1's loop and the objective (Section VII-A)."""
+
+    arm: str = "dp-grpo"
+    steps: int = 50  # T rounds
+    group_size: int = 8  # G
+    temperature: float = 0.7
+    max_new_tokens: int | None = None  # default: the task's completion cap
+    beta: float = 0.04
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.0
+    grad_method: str = "fast"  # or "reference" (one backward per prompt)
+    chunk_size: int | None = None  # reference method: completions per backward
+    rollout_batch_size: int | None = None  # prompts x G rows per generate call
+    checkpoint_every: int = 10
+    clip_nonprivate: bool = True  # non-private arm: keep clipping at C
+
+    def __post_init__(self) -> None:
+        if self.arm not in ARMS:
+            raise ConfigError(f"train.arm must be one of {', '.join(ARMS)}; got {self.arm!r}")
+        for name in ("steps", "group_size", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.grad_method not in ("fast", "reference"):
+            raise ConfigError(f"train.grad_method must be 'fast' or 'reference', not {self.grad_method!r}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if self.beta < 0 or self.temperature < 0:
+            raise ConfigError("train.beta and train.temperature must be >= 0")
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """Canaries for the one-run audit (Steinke et al. 2023); their slots count in n."""
+
+    canaries: int = 0
+    canary_seed: int = 0  # public: canary content is not secret, their inclusion bits are
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+
+    def __post_init__(self) -> None:
+        if self.train.arm == "non-private":
+            if self.privacy.noise_multiplier not in (None, 0.0):
+                raise ConfigError("train.arm = 'non-private' uses sigma = 0; remove privacy.noise_multiplier")
+        elif self.privacy.noise_multiplier == 0.0:
+            raise ConfigError(f"arm {self.train.arm!r} is private: privacy.noise_multiplier must be > 0 "
+                              "(use train.arm = 'non-private' for sigma = 0)")
+
+    @property
+    def private(self) -> bool:
+        return self.train.arm != "non-private"
+
+    def to_dict(self, *, public: bool = True) -> dict[str, Any]:
+        """Plain dict; with ``public`` the debugging seed is replaced by whether one was set."""
+        out = dataclasses.asdict(self)
+        if public:
+            out["privacy"]["seeded"] = out["privacy"].pop("seed") is not None
+        return out
+
+
+_CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
+            "train": TrainConfig, "audit": AuditConfig}
+
+
+def _coerce(section: str, key: str, value: Any) -> Any:
+    cls = _CLASSES[section]
+    hints = typing.get_type_hints(cls)
+    if key not in hints:
+        known = ", ".join(f.name for f in fields(cls))
+        raise ConfigError(f"unknown key '{section}.{key}' (known: {known})")
+    hint = hints[key]
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = typing.get_args(hint) if is_union else ()
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and optional):
+        if not optional:
+            raise ConfigError(f"'{section}.{key}' cannot be empty")
+        return None
+    try:
+        if typing.get_origin(base) is tuple or base is tuple:
+            items = value.split(",") if isinstance(value, str) else list(value)
+            return tuple(str(v).strip() for v in items if str(v).strip())
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "1", "yes", "on"):
+                return True
+            if str(value).lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(value)
+        if base is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            return int(value)
+        if base is float:
+            out = float(value)
+            if math.isnan(out):
+                raise ValueError(value)
+            return out
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"'{section}.{key}' expects {getattr(base, '__name__', base)}, got {value!r}") from None
+
+
+def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConfig:
+    """Build a RunConfig from nested dicts (TOML sections), rejecting unknown keys."""
+    sections: dict[str, Any] = {}
+    for section, values in data.items():
+        if section not in _CLASSES:
+            raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(_CLASSES)})")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        kwargs = {k: _coerce(section, k, v) for k, v in values.items()}
+        sections[section] = _CLASSES[section](**kwargs)
+    return RunConfig(**sections)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a TOML file (or the defaults) and apply ``section.key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: invalid TOML ({err})") from None
+    config = config_from_dict(data, source=str(path or "defaults"))
+    return apply_overrides(config, overrides or [])
+
+
+def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply ``section.key=value`` strings, each parsed to the field's type."""
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        dotted, value = item.split("=", 1)
+        section, key = dotted.strip().split(".", 1)
+        if section not in _CLASSES:
+            raise ConfigError(f"unknown section '{section}' in override {item!r}")
+        coerced = _coerce(section, key, value.strip())
+        config = replace(config, **{section: replace(getattr(config, section), **{key: coerced})})
+    return config
+
+
+def to_toml(config: RunConfig) -> str:
+    """Render a config as TOML (None values are omitted)."""
+    lines: list[str] = []
+    for section, values in dataclasses.asdict(config).items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                lines.append(f"{key} = {str(value).lower()}")
+            elif isinstance(value, (int, float)):
+                lines.append(f"{key} = {value!r}")
+            elif isinstance(value, (list, tuple)):
+                lines.append(f"{key} = [{', '.join(repr(str(v)).replace(chr(39), chr(34)) for v in value)}]")
+            else:
+                lines.append(f'{key} = "{value}"')
+        lines.append("")
+    return "\n".join(lines)
+
+
+def embedded_default() -> RunConfig:
+    """The laptop demo behind a bare ``dpgrpo train``: SmolLM2-135M on the embedded arithmetic
+    task at epsilon = 8, with small m, G and T so it finishes in minutes on 2 CPU cores."""
+    return RunConfig(
+        model=ModelConfig(name="smollm2-135m", dtype="float32", device="auto"),
+        data=DataConfig(task="arithmetic", split="train"),
+        privacy=PrivacyConfig(epsilon=8.0, expected_batch=4.0, clip_norm=0.055),
+        train=TrainConfig(arm="dp-grpo", steps=16, group_size=4, max_new_tokens=96,
+                          checkpoint_every=4),
+    )

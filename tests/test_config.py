@@ -1,0 +1,64 @@
+"""Run configuration: TOML, typed overrides, and clear errors for bad configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpgrpo.config import RunConfig, apply_overrides, embedded_default, load_config, to_toml
+from dpgrpo.errors import ConfigError
+
+
+def test_toml_round_trip_and_typed_overrides(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml(embedded_default()))
+    cfg = load_config(path, ["privacy.epsilon=4", "train.steps=7", "train.clip_nonprivate=false",
+                             "model.target_modules=q_proj,v_proj", "privacy.delta=none"])
+    assert cfg.privacy.epsilon == 4.0 and isinstance(cfg.train.steps, int) and cfg.train.steps == 7
+    assert cfg.train.clip_nonprivate is False and cfg.model.target_modules == ("q_proj", "v_proj")
+    assert cfg.model.name == "smollm2-135m" and cfg.privacy.delta is None
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("privacy.epsilonn=3", "privacy.epsilonn"),
+    ("trian.steps=3", "trian"),
+    ("train.steps=three", "train.steps"),
+    ("train.arm=dp-sgd", "train.arm"),
+    ("privacy.clip_norm=0", "clip_norm"),
+    ("model.dtype=int8", "model.dtype"),
+    ("steps=3", "section.key=value"),
+])
+def test_bad_overrides_name_the_key(override, needle):
+    with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+        apply_overrides(RunConfig(), [override])
+
+
+def test_inconsistent_values_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="non-private"):
+        apply_overrides(RunConfig(), ["privacy.noise_multiplier=1.0", "train.arm=non-private"])
+    with pytest.raises(ConfigError, match="private"):
+        apply_overrides(RunConfig(), ["privacy.noise_multiplier=0"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[train]\nsteps = 3\n[optimizer]\nlr = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown section \[optimizer\]"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_public_dict_hides_the_seed():
+    cfg = apply_overrides(RunConfig(), ["privacy.seed=1234"])
+    public = cfg.to_dict(public=True)
+    assert public["privacy"]["seeded"] is True and "seed" not in public["privacy"]
+    assert cfg.to_dict(public=False)["privacy"]["seed"] == 1234
+
+
+def test_paper_presets_load():
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    for name in ("math.toml", "gsm8k.toml", "csqa.toml", "cpu-demo.toml"):
+        cfg = load_config(configs / name)
+        assert cfg.train.arm == "dp-grpo"
+    math_cfg = load_config(configs / "math.toml")
+    assert (math_cfg.train.steps, math_cfg.privacy.expected_batch, math_cfg.train.group_size) == (50, 128, 8)
+    assert math_cfg.privacy.clip_norm == pytest.approx(0.05536)

@@ -1,0 +1,174 @@
+"""Algorithm 1 end to end on the tiny random model: release/recovery split, resume, arms,
+invariants (empty batches charged, non-finite updates skipped but charged), base weights fixed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from dpgrpo.config import apply_overrides, embedded_default
+from dpgrpo.checkpoint import RELEASE_FILES
+from dpgrpo.errors import ConfigError
+from dpgrpo.privacy.accounting import PrivacyLedger, compute_epsilon
+from dpgrpo.trainer import train
+
+
+def tiny_config(model_dir, *extra: str):
+    base = [f"model.name={model_dir}", "model.device=cpu", "data.limit=40",
+            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.steps=4",
+            "train.group_size=2", "train.max_new_tokens=6", "train.checkpoint_every=2"]
+    return apply_overrides(embedded_default(), base + list(extra))
+
+
+def _all_keys(obj) -> set:
+    if isinstance(obj, dict):
+        return set(obj) | set().union(*(_all_keys(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(_all_keys(v) for v in obj)) if obj else set()
+    return set()
+
+
+def _adapter(run_dir):
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "release" / "adapter_model.safetensors"))
+
+
+def test_release_and_recovery_split(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir)
+    result = train(cfg, tmp_path / "run")
+    release, recovery = tmp_path / "run" / "release", tmp_path / "run" / "recovery"
+    assert {p.name for p in release.iterdir()} <= RELEASE_FILES
+    assert {"adapter_model.safetensors", "adapter_config.json", "certificate.json",
+            "config.json"} <= {p.name for p in release.iterdir()}
+    cert = result.certificate
+    expected = compute_epsilon(40, 4, 4, 1.0, 1 / 400).epsilon
+    assert cert["epsilon"] == pytest.approx(expected, rel=1e-12) and cert["delta"] == 1 / 400
+    assert cert["q"] == 0.1 and cert["sigma"] == 1.0 and cert["clip_norm"] == 0.055
+    assert cert["n"] == 40 and cert["steps"] == 4 and cert["rounds_charged"] == 4
+    assert cert["neighbouring_relation"] == "add-or-remove-one" and cert["releasable"] is True
+    assert cert["arm"] == "dp-grpo" and "dp-accounting" in cert["accountant_version"]
+    # Private training-time data and generator states live only in recovery/.
+    keys = set()
+    for name in ("certificate.json", "config.json"):
+        keys |= _all_keys(json.loads((release / name).read_text()))
+    assert not keys & {"seed", "bit_generator", "state", "generators", "reward_mean", "rewards",
+                       "length_mean", "telemetry", "optimizer"}
+    assert (recovery / "telemetry.jsonl").exists() and (recovery / "journal.jsonl").exists()
+    rows = [json.loads(x) for x in (recovery / "telemetry.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4] and "reward_mean" in rows[0]
+    state = torch.load(recovery / (recovery / "latest").read_text().strip() / "state.pt",
+                       weights_only=False)
+    assert {"sampler", "noise", "rollout"} <= state["generators"].keys()
+    # The adapter loads with PEFT and moved away from its zero-B initialization.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(release))
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    assert lora_b and any(float(p.abs().sum()) > 0 for p in lora_b)
+
+
+def test_resume_gives_the_same_ledger(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, "privacy.seed=11")
+    full = train(cfg, tmp_path / "full")
+    part = train(cfg, tmp_path / "part", stop_after=2)  # interrupted right after checkpoint 2
+    assert part.rounds_done == 2 and not (tmp_path / "part" / "release" / "adapter_model.safetensors").read_bytes() == b""
+    resumed = train(None, tmp_path / "part", resume=True)
+    a = PrivacyLedger.from_dict(full.certificate["ledger"])
+    b = PrivacyLedger.from_dict(resumed.certificate["ledger"])
+    assert a.events == b.events and resumed.certificate["epsilon"] == full.certificate["epsilon"]
+    # Seeded generators are restored, so the resumed trajectory equals the uninterrupted one.
+    fa, fb = _adapter(tmp_path / "full"), _adapter(tmp_path / "part")
+    assert all(torch.allclose(fa[k], fb[k], atol=1e-6) for k in fa)
+    assert full.certificate["releasable"] is False and full.certificate["seeded"] is True
+    assert json.loads((tmp_path / "full" / "release" / "config.json").read_text())["privacy"]["seeded"]
+
+
+def test_replayed_rounds_are_charged(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir)
+    train(cfg, tmp_path / "run", stop_after=3)  # round 3 ran after checkpoint 2, then "crashed"
+    resumed = train(None, tmp_path / "run", resume=True)
+    cert = resumed.certificate
+    assert cert["rounds_retained"] == 4 and cert["rounds_charged"] == 5  # round 3 twice
+    assert cert["epsilon"] == pytest.approx(compute_epsilon(40, 4, 5, 1.0, 1 / 400).epsilon, rel=1e-12)
+
+
+def test_existing_run_is_not_overwritten(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, "train.steps=1", "train.checkpoint_every=1")
+    train(cfg, tmp_path / "run")
+    with pytest.raises(ConfigError, match="--resume"):
+        train(cfg, tmp_path / "run")
+
+
+def test_base_weights_never_change(tiny_model_dir, tmp_path, monkeypatch):
+    from dpgrpo import run_setup
+    from dpgrpo.model import base_weights_fingerprint
+
+    seen = {}
+    original = run_setup.build_run
+
+    def spy(config, run_dir):
+        run = original(config, run_dir)
+        seen["run"], seen["before"] = run, base_weights_fingerprint(run.model)
+        return run
+
+    monkeypatch.setattr("dpgrpo.trainer.build_run", spy)
+    train(tiny_config(tiny_model_dir, "train.steps=2"), tmp_path / "run")
+    assert base_weights_fingerprint(seen["run"].model) == seen["before"]
+
+
+def test_empty_batches_take_a_noise_step_and_are_charged(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, "privacy.expected_batch=0.0001", "train.steps=2",
+                      "privacy.seed=3")
+    result = train(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "recovery" / "telemetry.jsonl").read_text().splitlines()]
+    assert [r["batch_size"] for r in rows] == [0, 0]
+    assert result.certificate["rounds_charged"] == 2
+    lora_b = [v for k, v in _adapter(tmp_path / "run").items() if "lora_B" in k]
+    assert any(float(v.abs().sum()) > 0 for v in lora_b)  # noise-only steps moved B off zero
+
+
+def test_nonfinite_update_skips_step_but_is_charged(tiny_model_dir, tmp_path, monkeypatch):
+    import dpgrpo.trainer as trainer
+    from dpgrpo.privacy.mechanism import PrivatizedUpdate
+
+    def poisoned(grads, **kwargs):
+        update = {k: torch.full(v.shape[1:], float("nan")) for k, v in grads.items()}
+        return PrivatizedUpdate(update, 0, 0, 0)
+
+    monkeypatch.setattr(trainer, "privatize", poisoned)
+    result = train(tiny_config(tiny_model_dir, "train.steps=2"), tmp_path / "run")
+    assert result.steps_skipped == 2 and result.certificate["rounds_charged"] == 2
+    lora_b = [v for k, v in _adapter(tmp_path / "run").items() if "lora_B" in k]
+    assert all(float(v.abs().sum()) == 0 for v in lora_b)  # no step was taken
+
+
+@pytest.mark.parametrize("arm", ["zero-advantage", "shuffled-reward", "positive-only",
+                                 "non-private", "filtered-sft", "gold-sft"])
+def test_every_arm_trains(tiny_model_dir, tmp_path, arm):
+    extra = ["privacy.noise_multiplier=none"] if arm == "non-private" else []
+    cfg = tiny_config(tiny_model_dir, *extra, f"train.arm={arm}", "train.steps=2")
+    cert = train(cfg, tmp_path / "run").certificate
+    assert cert["arm"] == arm
+    if arm == "non-private":
+        assert math.isinf(cert["epsilon"]) and cert["private"] is False and not cert["releasable"]
+    else:
+        assert cert["epsilon"] == pytest.approx(compute_epsilon(40, 4, 2, 1.0, 1 / 400).epsilon)
+
+
+def test_sigma_is_calibrated_from_epsilon(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, "privacy.noise_multiplier=none", "privacy.epsilon=4",
+                      "train.steps=1", "train.checkpoint_every=1")
+    cert = train(cfg, tmp_path / "run").certificate
+    assert cert["epsilon"] <= 4.0 and cert["target_epsilon"] == 4.0
+    assert compute_epsilon(40, 4, 1, 0.999 * cert["sigma"], 1 / 400).epsilon > 4.0
+
+
+def test_unreachable_epsilon_is_a_config_error(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, "privacy.noise_multiplier=none", "privacy.epsilon=1e-9")
+    with pytest.raises(ConfigError, match="unreachable"):
+        train(cfg, tmp_path / "run")
