@@ -89,3 +89,65 @@ def save_tiny_model(directory: str | Path, *, seed: int = 0) -> Path:
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def exact_rmsnorm(model) -> None:
+    """Make RMSNorm compute in the model's dtype (HF's Llama norm upcasts to fp32 only), so a
+    float64 model is float64 end to end, as the paper's binary64 checks require."""
+    import types
+
+    import torch
+
+    def forward(self, h):  # noqa: ANN001
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(forward, module)
+
+
+def tiny_fp64_policy(*, seed: int = 7, lora_scale: float = 0.2):
+    """(peft model, tokenizer): a float64 tiny Llama with a nonzero LoRA adapter, dropout off."""
+    import torch
+
+    from dpgrpo.model import LoraSettings, attach_lora
+
+    tok = build_tiny_tokenizer()
+    base = build_tiny_model(tok, dtype="float64")
+    exact_rmsnorm(base)
+    model = attach_lora(base, LoraSettings(dropout=0.0))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * lora_scale)
+    return model.eval(), tok
+
+
+def synthetic_rollouts(tok, num_prompts: int, group: int, *, seed: int = 0, cap: int = 7):
+    """A RolloutBatch with left-padded prompts of unequal length and completions of unequal
+    length (some hitting the cap), without running generation."""
+    import torch
+
+    from dpgrpo.rollout import RolloutBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    messages = [_CORPUS[i % len(_CORPUS)] for i in range(num_prompts)]
+    texts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
+                                     add_generation_prompt=True) for m in messages]
+    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    n = num_prompts * group
+    lengths = torch.tensor([1 + (r * 3) % cap for r in range(n)])
+    lengths = lengths[torch.randperm(n, generator=gen)]
+    comp = torch.randint(3, len(tok), (n, cap), generator=gen)
+    ended = lengths < cap
+    comp[torch.arange(n)[ended], lengths[ended] - 1] = tok.eos_token_id
+    cmask = (torch.arange(cap).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    comp = torch.where(cmask.bool(), comp, tok.pad_token_id)
+    pids = enc["input_ids"].repeat_interleave(group, 0)
+    pmask = enc["attention_mask"].repeat_interleave(group, 0)
+    return RolloutBatch(texts=[[""] * group] * num_prompts, input_ids=torch.cat([pids, comp], 1),
+                        attention_mask=torch.cat([pmask, cmask], 1),
+                        completion_mask=torch.cat([torch.zeros_like(pmask), cmask], 1),
+                        completion_lengths=lengths, hit_cap=~ended, group_size=group,
+                        num_prompts=num_prompts)
