@@ -111,8 +111,8 @@ def test_base_weights_never_change(tiny_model_dir, tmp_path, monkeypatch):
     seen = {}
     original = run_setup.build_run
 
-    def spy(config, run_dir):
-        run = original(config, run_dir)
+    def spy(config, run_dir, ctx=None):
+        run = original(config, run_dir, ctx)
         seen["run"], seen["before"] = run, base_weights_fingerprint(run.model)
         return run
 
@@ -140,7 +140,7 @@ def test_nonfinite_update_skips_step_but_is_charged(tiny_model_dir, tmp_path, mo
         update = {k: torch.full(v.shape[1:], float("nan")) for k, v in grads.items()}
         return PrivatizedUpdate(update, 0, 0, 0)
 
-    monkeypatch.setattr(trainer, "privatize", poisoned)
+    monkeypatch.setattr(trainer, "privatize_across_ranks", poisoned)
     result = train(tiny_config(tiny_model_dir, "train.steps=2"), tmp_path / "run")
     assert result.steps_skipped == 2 and result.certificate["rounds_charged"] == 2
     lora_b = [v for k, v in _adapter(tmp_path / "run").items() if "lora_B" in k]

@@ -16,6 +16,7 @@ import torch
 
 from dpgrpo import __version__
 from dpgrpo.config import RunConfig
+from dpgrpo.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
 from dpgrpo.privacy.accounting import (
     ACCOUNTANT,
@@ -109,7 +110,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _slots(config: RunConfig, task: Any, run_dir: Path) -> tuple[list[Any], int]:
+def _slots(config: RunConfig, task: Any, run_dir: Path, ctx: DistContext) -> tuple[list[Any], int]:
     from dpgrpo.tasks import get_task, load_problems
 
     data = config.data
@@ -122,7 +123,10 @@ def _slots(config: RunConfig, task: Any, run_dir: Path) -> tuple[list[Any], int]
         from dpgrpo.audit.canary import CanaryPlan, draw_inclusion, make_canaries
 
         plan_path = run_dir / "recovery" / "canaries.json"
-        if plan_path.exists():  # resume: the same canaries and the same secret inclusion bits
+        if ctx.active and not ctx.is_main:  # rank 0 draws the secret bits; the others read them
+            barrier(ctx)
+            plan = CanaryPlan.load(plan_path)
+        elif plan_path.exists():  # resume: the same canaries and the same secret inclusion bits
             plan = CanaryPlan.load(plan_path)
         else:
             gen = None
@@ -131,6 +135,8 @@ def _slots(config: RunConfig, task: Any, run_dir: Path) -> tuple[list[Any], int]
             canaries = make_canaries(k, seed=config.audit.canary_seed)
             plan = CanaryPlan(canaries=canaries, included=draw_inclusion(k, gen))
             plan.save(plan_path)
+        if ctx.active and ctx.is_main:
+            barrier(ctx)
         arithmetic = get_task("arithmetic")
         slots += [(arithmetic, c) if inc else None for c, inc in zip(plan.canaries, plan.included)]
     n = data.n_slots or len(slots)
@@ -140,14 +146,15 @@ def _slots(config: RunConfig, task: Any, run_dir: Path) -> tuple[list[Any], int]
     return slots + [None] * (n - len(slots)), n
 
 
-def build_run(config: RunConfig, run_dir: Path) -> RunState:
+def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
     """Resolve the public constants, calibrate sigma, load the model and the optimizer."""
     from dpgrpo.model import LoraSettings, load_policy
     from dpgrpo.tasks import get_task
 
+    ctx = ctx or DistContext()
     run_dir.mkdir(parents=True, exist_ok=True)
     task = get_task(config.data.task)
-    slots, n = _slots(config, task, run_dir)
+    slots, n = _slots(config, task, run_dir, ctx)
     p = config.privacy
     if p.expected_batch > n:
         raise ConfigError(f"privacy.expected_batch = {p.expected_batch} exceeds n = {n} slots")
@@ -166,20 +173,24 @@ def build_run(config: RunConfig, run_dir: Path) -> RunState:
             raise ConfigError(f"privacy.epsilon = {p.epsilon} is unreachable with n = {n}, "
                               f"m = {p.expected_batch}, T = {steps}: {err}") from None
         clip = p.clip_norm
-    device = resolve_device(config.model.device)
+    device = device_for(ctx, resolve_device(config.model.device))
     seed = p.seed
     # torch's global generator drives LoRA's A initialization and dropout masks. Its built-in
-    # default seed is a public constant, so unseeded runs reseed it from OS entropy (A3).
-    torch.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    # default seed is a public constant, so unseeded runs reseed it from OS entropy (A3); all
+    # ranks start from rank 0's draw so that they hold the same adapter.
+    init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
+    torch.manual_seed(init_seed)
     m = config.model
     lora = LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
                         target_modules=tuple(m.target_modules))
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
     policy.model.train()
+    if ctx.active:  # distinct dropout masks per rank from here on
+        torch.manual_seed(init_seed + 7919 * ctx.rank)
     params = [prm for prm in policy.model.parameters() if prm.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)
-    rollout_gen = torch.Generator().manual_seed(seed + 2) if seed is not None else None
+    rollout_gen = torch.Generator().manual_seed(seed + 2 + 7919 * ctx.rank) if seed is not None else None
     return RunState(config=config, run_dir=run_dir, device=device, slots=slots, n=n, q=q,
                     delta=delta, sigma=sigma, clip_norm=clip,
                     sampler=PoissonSampler(n, q, seed=seed),

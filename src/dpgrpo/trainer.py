@@ -28,10 +28,10 @@ from dpgrpo.arms import make_arm
 from dpgrpo.checkpoint import PrivacyJournal, atomic_write_json, load_recovery, restore_adapter
 from dpgrpo.checkpoint import save_recovery, write_release
 from dpgrpo.config import RunConfig, config_from_dict, to_toml
+from dpgrpo.distributed import barrier, broadcast_object, init_from_env, privatize_across_ranks, shard
 from dpgrpo.errors import ConfigError
 from dpgrpo.grads import per_prompt_grads, trainable_parameters
 from dpgrpo.privacy.accounting import pld_epsilon
-from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.run_setup import RunState, build_run, certificate
 
 ProgressFn = Callable[[dict[str, Any]], None]
@@ -61,9 +61,10 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     elif (run_dir / "recovery" / "journal.jsonl").exists():
         raise ConfigError(f"{run_dir} already holds a run; resume it with --resume or choose "
                           "another --output-dir")
-    run = build_run(config, run_dir)
+    ctx = init_from_env()  # torchrun: one process per GPU; a single process otherwise
+    run = build_run(config, run_dir, ctx)
     start = _restore(run) if resume else 0
-    if not resume:
+    if not resume and ctx.is_main:
         atomic_write_text_config(run)
     arm = make_arm(run)
     journal = PrivacyJournal(run_dir / "recovery" / "journal.jsonl")
@@ -73,33 +74,38 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     done_here = 0
 
     for t in range(start, steps):
-        journal.charge(t, q, sigma)                                   # before touching data
+        if ctx.is_main:
+            journal.charge(t, q, sigma)                               # before touching data
         tic = time.perf_counter()
-        records = [run.slots[i] for i in run.sampler.sample()]        # line 2
-        records = [r for r in records if r is not None]               # absent slots: zero
+        sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
+        records = [run.slots[i] for i in sampled if run.slots[i] is not None]  # absent: zero
+        records = shard(records, ctx)                                 # this rank's prompts
         batch, info = arm.batch(records, run.rollout_generator())     # lines 4-6 (objective)
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                                  method=config.train.grad_method,
                                  chunk_size=config.train.chunk_size)  # line 6
-        update = privatize(grads, clip_norm=clip, noise_multiplier=sigma,
-                           expected_batch=run.expected_batch, noise=run.noise)  # lines 7-8
+        update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,
+                                        expected_batch=run.expected_batch, noise=run.noise,
+                                        ctx=ctx)                      # lines 7-8
         if update.finite:                                             # line 9
             _apply(run, update.update)
         else:
             skipped += 1                                              # still charged
-        run.telemetry.append({"round": t + 1, "batch_size": len(records), **info,
+        run.telemetry.append({"round": t + 1, "batch_size": update.num_records, **info,
                               "nonfinite_records": update.num_nonfinite,
                               "clipped_records": update.num_clipped,
                               "step_skipped": not update.finite,
                               "seconds": time.perf_counter() - tic})
         done_here += 1
-        if progress is not None:
-            progress({"round": t + 1, "steps": steps, "batch_size": len(records),
+        if progress is not None and ctx.is_main:
+            progress({"round": t + 1, "steps": steps, "batch_size": update.num_records,
                       "reward_mean": info.get("reward_mean"),
                       "epsilon": _epsilon_so_far(journal, run)})
         if (t + 1) % config.train.checkpoint_every == 0 or t + 1 == steps:
             run.steps_skipped = skipped
-            _checkpoint(run, journal, t + 1)
+            if ctx.is_main:
+                _checkpoint(run, journal, t + 1)
+            barrier(ctx)
         if stop_after is not None and done_here >= stop_after and t + 1 < steps:
             return TrainResult(run_dir, run_dir / "release", {}, t + 1, skipped)  # "crash"
     cert = json.loads((run_dir / "release" / "certificate.json").read_text())

@@ -1,0 +1,105 @@
+"""Data-parallel training over torch.distributed (gloo, 2 CPU processes): the clipped sums are
+all-reduced, noise is drawn once on rank 0, and every rank applies the same update."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from dpgrpo.distributed import DistContext, init_from_env, privatize_across_ranks, shard
+from dpgrpo.privacy.mechanism import privatize
+from dpgrpo.privacy.noise import NoiseSource
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+
+
+def _records(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"a": torch.randn(3, 4, 5, generator=g, dtype=torch.float64),
+            "b": torch.randn(3, 7, generator=g, dtype=torch.float64)}
+
+
+def _mechanism_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    _env(rank, world, port)
+    ctx = init_from_env()
+    grads = _records(rank)
+    for sigma in (0.0, 1.5):
+        up = privatize_across_ranks(grads, clip_norm=0.9, noise_multiplier=sigma, expected_batch=5.0,
+                                    noise=NoiseSource(seed=42), ctx=ctx)
+        torch.save({"update": up.update, "records": up.num_records},
+                   os.path.join(out_dir, f"mech-{sigma}-{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_all_reduce_then_noise_once_equals_single_process(tmp_path):
+    port = _free_port()
+    mp.spawn(_mechanism_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    union = {k: torch.cat([_records(0)[k], _records(1)[k]]) for k in _records(0)}
+    for sigma in (0.0, 1.5):
+        single = privatize(union, clip_norm=0.9, noise_multiplier=sigma, expected_batch=5.0,
+                           noise=NoiseSource(seed=42)).update
+        r0 = torch.load(tmp_path / f"mech-{sigma}-0.pt")
+        r1 = torch.load(tmp_path / f"mech-{sigma}-1.pt")
+        assert r0["records"] == r1["records"] == 6
+        for k in single:
+            assert torch.equal(r0["update"][k], r1["update"][k])  # every rank, same step
+            assert torch.allclose(r0["update"][k], single[k], rtol=0, atol=1e-12)
+
+
+def test_shard_partitions_records():
+    items = list(range(7))
+    parts = [shard(items, DistContext(r, 3)) for r in range(3)]
+    assert sorted(sum(parts, [])) == items and parts[0] == [0, 3, 6]
+
+
+def _train_worker(rank: int, world: int, port: int, model_dir: str, run_dir: str) -> None:
+    _env(rank, world, port)
+    from dpgrpo.config import apply_overrides, embedded_default
+    from dpgrpo.trainer import train
+
+    cfg = apply_overrides(embedded_default(), [
+        f"model.name={model_dir}", "model.device=cpu", "data.limit=40", "privacy.expected_batch=8",
+        "privacy.noise_multiplier=1.0", "train.steps=2", "train.group_size=2",
+        "train.max_new_tokens=5", "train.checkpoint_every=2"])
+    seen = {}
+    import dpgrpo.trainer as trainer
+
+    original = trainer.build_run
+
+    def keep(config, path, ctx=None):
+        seen["run"] = original(config, path, ctx)
+        return seen["run"]
+
+    trainer.build_run = keep
+    train(cfg, run_dir)
+    adapter = {k: v.detach().clone() for k, v in seen["run"].model.named_parameters() if v.requires_grad}
+    torch.save(adapter, os.path.join(os.path.dirname(run_dir), f"adapter-{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_torchrun_style_training_writes_one_release(tiny_model_dir, tmp_path):
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    mp.spawn(_train_worker, args=(2, port, str(tiny_model_dir), str(run_dir)), nprocs=2, join=True)
+    cert = json.loads((run_dir / "release" / "certificate.json").read_text())
+    assert cert["rounds_charged"] == 2 and cert["n"] == 40 and cert["q"] == pytest.approx(0.2)
+    journal = (run_dir / "recovery" / "journal.jsonl").read_text().splitlines()
+    assert len(journal) == 2  # charged once per round, by rank 0 only
+    a0, a1 = torch.load(tmp_path / "adapter-0.pt"), torch.load(tmp_path / "adapter-1.pt")
+    assert a0.keys() == a1.keys() and all(torch.equal(a0[k], a1[k]) for k in a0)
+    assert any(float(v.abs().sum()) > 0 for k, v in a0.items() if "lora_B" in k)
