@@ -172,3 +172,45 @@ def test_unreachable_epsilon_is_a_config_error(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, "privacy.noise_multiplier=none", "privacy.epsilon=1e-9")
     with pytest.raises(ConfigError, match="unreachable"):
         train(cfg, tmp_path / "run")
+
+
+def test_canary_slots_count_in_n_and_stay_secret(tiny_model_dir, tmp_path):
+    from dpgrpo.audit.canary import CanaryPlan
+
+    cfg = tiny_config(tiny_model_dir, "audit.canaries=6", "train.steps=2")
+    cert = train(cfg, tmp_path / "run").certificate
+    assert cert["n"] == 46 and cert["canary_slots"] == 6 and cert["delta"] == 1 / 460
+    plan = CanaryPlan.load(tmp_path / "run" / "recovery" / "canaries.json")
+    assert len(plan.canaries) == 6 and plan.slots == tuple(range(40, 46))
+    release = tmp_path / "run" / "release"
+    assert not any("canar" in p.name for p in release.iterdir())
+    assert "included" not in _all_keys(json.loads((release / "certificate.json").read_text()))
+
+
+def test_train_cli_end_to_end_with_resume(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from dpgrpo.cli import app
+
+    args = ["train", "--set", f"model.name={tiny_model_dir}", "--set", "model.device=cpu",
+            "--set", "data.limit=40", "--set", "privacy.expected_batch=4", "--set",
+            "privacy.noise_multiplier=1.0", "--steps", "2", "--set", "train.group_size=2",
+            "--set", "train.max_new_tokens=5", "--set", "train.checkpoint_every=1",
+            "-o", str(tmp_path / "run"), "--quiet"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "release:" in first.output and "releasable" in first.output
+    again = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "run"), "--quiet"])
+    assert again.exit_code == 0, again.output  # already complete: nothing replayed
+    cert = json.loads((tmp_path / "run" / "release" / "certificate.json").read_text())
+    assert cert["rounds_charged"] == 2
+    bad = CliRunner().invoke(app, ["train", "--set", "train.stepz=2"])
+    assert bad.exit_code != 0 and "train.stepz" in str(bad.exception)
+
+
+def test_bfloat16_base_keeps_fp32_update_arithmetic(tiny_model_dir, tmp_path):
+    cfg = tiny_config(tiny_model_dir, "model.dtype=bfloat16", "train.steps=2")
+    cert = train(cfg, tmp_path / "run").certificate
+    lora = _adapter(tmp_path / "run")
+    assert cert["rounds_charged"] == 2
+    assert all(v.dtype == torch.float32 for v in lora.values())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,7 @@ def _slots(config: RunConfig, task: Any, run_dir: Path, ctx: DistContext) -> tup
     slots: list[Any] = [(task, p) for p in problems]
     k = config.audit.canaries
     if k:
-        from dpgrpo.audit.canary import CanaryPlan, draw_inclusion, make_canaries
+        from dpgrpo.audit.canary import CanaryPlan
 
         plan_path = run_dir / "recovery" / "canaries.json"
         if ctx.active and not ctx.is_main:  # rank 0 draws the secret bits; the others read them
@@ -132,13 +132,14 @@ def _slots(config: RunConfig, task: Any, run_dir: Path, ctx: DistContext) -> tup
             gen = None
             if config.privacy.seed is not None:
                 gen = torch.Generator().manual_seed(config.privacy.seed + 3)
-            canaries = make_canaries(k, seed=config.audit.canary_seed)
-            plan = CanaryPlan(canaries=canaries, included=draw_inclusion(k, gen))
+            plan = CanaryPlan.create(k, seed=config.audit.canary_seed, generator=gen)
+            plan = replace(plan, slots=tuple(range(len(slots), len(slots) + k)))  # public
             plan.save(plan_path)
         if ctx.active and ctx.is_main:
             barrier(ctx)
         arithmetic = get_task("arithmetic")
-        slots += [(arithmetic, c) if inc else None for c, inc in zip(plan.canaries, plan.included)]
+        present = {c.id for c in plan.present}  # an absent canary's slot is an empty record
+        slots += [(arithmetic, c) if c.id in present else None for c in plan.canaries]
     n = data.n_slots or len(slots)
     if n < len(slots):
         raise ConfigError(f"data.n_slots = {n} is smaller than the {len(slots)} records "
