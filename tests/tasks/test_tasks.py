@@ -70,17 +70,18 @@ def test_arithmetic_difficulty_knob() -> None:
         problems = generate_problems("train", 300, difficulty=level)
         return sum(p.solution.count("=") >= 2 for p in problems) / len(problems)
 
-    assert two_step_share(1) == 0.0
-    assert 0.3 < two_step_share(2) < 0.7
-    assert two_step_share(3) == 1.0
-    easy = generate_problems("train", 300, difficulty=1)
-    assert max(int(p.answer) for p in easy) <= 40
+    assert two_step_share(1) == two_step_share(2) == two_step_share(3) == 0.0
+    assert 0.3 < two_step_share(4) < 0.7
+    assert two_step_share(5) == 1.0
+    easiest = generate_problems("train", 300, difficulty=1)
+    assert all(" + " in p.solution and int(p.answer) <= 10 for p in easiest)
+    assert max(int(p.answer) for p in generate_problems("train", 300, difficulty=3)) > 20
     with pytest.raises(ConfigError):
         generate_problems("train", 10, difficulty=9)
 
 
 def test_custom_arithmetic_task_sizes() -> None:
-    task = make_arithmetic_task(3, n_train=50, n_eval=20)
+    task = make_arithmetic_task(5, n_train=50, n_eval=20)
     train = load_problems(task, "train")
     evals = load_problems(task, "eval")
     assert (len(train), len(evals)) == (50, 20)

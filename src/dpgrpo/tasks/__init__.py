@@ -1,8 +1,10 @@
 """Benchmarks, prompts and verifiers (docs/architecture.md, "Tasks").
 
->>> task = get_task("arithmetic")
->>> problems = load_problems("arithmetic", "eval")
->>> task.verify("... The answer is 42.", problems[0]).correct
+Example::
+
+    task = get_task("arithmetic")
+    problems = load_problems("arithmetic", "eval")
+    reward = task.reward("... The answer is 42.", problems[0])  # 1.0 or 0.0
 
 Tasks: ``arithmetic`` (embedded default, no files), ``gsm8k``, ``math``, ``csqa``, ``svamp``.
 File-backed tasks read the layout of the shared data folder (``--data-dir``), or the same

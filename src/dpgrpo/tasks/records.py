@@ -76,6 +76,8 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
         for number, raw in enumerate(handle, start=1):
             if not raw.strip():
                 continue
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark
             try:
                 yield number, json.loads(_decode(raw, path, number))
             except DataError as err:
