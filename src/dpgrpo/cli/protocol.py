@@ -1,9 +1,67 @@
-"""CLI commands: protocol (filled in by its issue)."""
+"""`dpgrpo protocol`: the fixed protocol of Section VII-C on one benchmark (train, eval, compare).
+
+A thin wrapper over :mod:`dpgrpo.protocol`; options given here override the config's optional
+``[protocol]`` table, which overrides the defaults in code.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
 
+def protocol_cmd(
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c",
+        help="Benchmark TOML (as `dpgrpo train` takes it, plus an optional \\[protocol] table); "
+             "default: the embedded CPU demo."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per private arm (default 2)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Output folder (default runs/protocol-<task>)."),
+    arms: Optional[List[str]] = typer.Option(
+        None, "--arms", help="Trained arms, comma-separated or repeated (default: dp-grpo, "
+                             "zero-advantage, filtered-sft, gold-sft)."),
+    ladder: Optional[bool] = typer.Option(None, "--ladder/--no-ladder",
+                                          help="Add shuffled-reward and positive-only."),
+    non_private: Optional[bool] = typer.Option(None, "--non-private/--no-non-private",
+                                               help="Add one non-private GRPO run (seed 1)."),
+    eval_limit: Optional[int] = typer.Option(None, "--eval-limit",
+                                             help="Evaluate the first N problems only."),
+    eval_batch_size: Optional[int] = typer.Option(None, "--eval-batch-size",
+                                                  help="Prompts per generate call in eval."),
+    draws: Optional[int] = typer.Option(None, "--draws", help="Bootstrap draws of compare."),
+    sign_draws: Optional[int] = typer.Option(None, "--sign-draws",
+                                             help="Sign-randomization draws of compare."),
+    figures: Optional[bool] = typer.Option(None, "--figures/--no-figures",
+                                           help="Write PNG figures (needs matplotlib)."),
+    overrides: List[str] = typer.Option([], "--set",
+                                        help="Override: section.key=value (repeatable)."),
+) -> None:
+    """Train every arm per seed, evaluate each the same way, compare with the base; resumable."""
+    from dpgrpo.protocol import load_protocol_config, plan_protocol, protocol_settings
+    from dpgrpo.protocol import run_protocol
+
+    cfg, table = load_protocol_config(config, overrides)
+    arm_list = [a.strip() for value in arms or [] for a in value.split(",") if a.strip()]
+    settings = protocol_settings(
+        table, seeds=seeds, arms=arm_list or None, ladder=ladder, non_private=non_private,
+        eval_limit=eval_limit, eval_batch_size=eval_batch_size, draws=draws,
+        sign_draws=sign_draws, figures=figures)
+    plan = plan_protocol(cfg, settings, out or Path("runs") / f"protocol-{cfg.data.task}")
+    b = plan.budget
+    typer.echo(f"{plan.out_dir}: {len(plan.runs)} runs; n={b.n}, m={b.m:g}, sigma={b.sigma:.6g}, "
+               f"T={b.T}, epsilon={b.pld_epsilon:.4g} at delta={b.delta:.3g}", err=True)
+    result = run_protocol(plan, progress=lambda message: typer.echo(message, err=True))
+    for name, summary in result.summaries.items():
+        strict = summary["accuracy"].get("strict")
+        typer.echo(f"{name}: strict accuracy {strict:.4f} (n={summary['n']})")
+    typer.echo(f"epsilon (largest private run): {result.epsilon:.4g}")
+    for path in result.report:
+        typer.echo(f"wrote {path}")
+
+
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add `dpgrpo protocol` to the app."""
+    app.command("protocol")(protocol_cmd)

@@ -1,0 +1,398 @@
+"""The fixed protocol of Section VII-C on one benchmark: train every arm, evaluate, compare.
+
+Arms: the public base (evaluated once), DP-GRPO, the zero-advantage control, filtered and gold
+DP-SFT; optionally the ladder (``shuffled-reward``, ``positive-only``) and one ``non-private``
+run (seed 1, as in Sec. VIII-E). Each private arm runs once per seed k = 1..K, all sharing n,
+q = m/n, sigma and T, hence epsilon (Corollary 2): sigma is resolved once (given, or calibrated
+from ``privacy.epsilon``) and pinned as ``privacy.noise_multiplier`` in every private run.
+
+Seed k is a distinct run (``runs/<arm>-seed<k>``), recorded as ``seed`` in its eval summary.
+It is NOT the privacy seed: coins, rollouts, noise and the LoRA initialization stay on OS
+entropy unless the config sets the debugging ``privacy.seed`` (runs are then not releasable;
+seed k uses ``privacy.seed + 16 (k - 1)``).
+
+Settings (:class:`ProtocolSettings`) come from CLI options, else from an optional
+``[protocol]`` table of the TOML config (stripped before the RunConfig is built), else from
+defaults; per-arm recipes default to the paper's supervised ones (Appendix C-B: learning rate
+5e-6 filtered, 2e-5 gold, C = 0.1143670583). A recipe may set ``train.*`` (not ``arm``,
+``steps``) and ``privacy.clip_norm`` only, so that the arms keep one budget::
+
+    [protocol]                      # every key optional
+    seeds = 2
+    arms = ["dp-grpo", "zero-advantage", "filtered-sft", "gold-sft"]   # ladder = true: + 2 arms
+    eval_limit = 200                # first N problems of the eval split (default: all)
+    [protocol.recipes.gold-sft]
+    train.learning_rate = 2e-5
+
+Layout of the output folder DIR::
+
+    DIR/protocol.json          plan (public config, budget, runs) and per-run results
+    DIR/base/                  the base's predictions.jsonl and summary.json
+    DIR/runs/<arm>-seed<k>/    release/, recovery/ and eval/ of each run
+    DIR/compare/               report.md, report.json and figures (``dpgrpo compare``)
+
+A rerun into DIR skips runs with a complete release (all T rounds) and eval summary, resumes
+interrupted runs (``train(None, run_dir, resume=True)``) and partial evaluations; a run folder
+trained with another config raises ConfigError before any work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from dpgrpo.config import ARMS, RunConfig, apply_overrides, config_from_dict, embedded_default
+from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.reports.budget import BudgetRow, resolve_budget
+from dpgrpo.reports.compare import Settings
+
+PRIMARY_ARMS = ("dp-grpo", "zero-advantage", "filtered-sft", "gold-sft")
+LADDER_ARMS = ("shuffled-reward", "positive-only")
+NON_PRIVATE_ARM = "non-private"
+BASE_ARM = "base"
+SFT_CLIP_NORM = 0.1143670583  # Appendix C-B
+DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
+    "filtered-sft": {"train.learning_rate": 5e-6, "privacy.clip_norm": SFT_CLIP_NORM},
+    "gold-sft": {"train.learning_rate": 2e-5, "privacy.clip_norm": SFT_CLIP_NORM},
+}
+SEED_STRIDE = 16  # debugging seeds of seed k: privacy.seed + 16 (k - 1) (run_setup uses +0..+3)
+
+
+@dataclass(frozen=True)
+class ProtocolSettings:
+    """Which arms and seeds to run and how to evaluate and compare them."""
+
+    seeds: int = 2
+    arms: tuple[str, ...] = PRIMARY_ARMS
+    ladder: bool = False
+    non_private: bool = False
+    eval_limit: int | None = None
+    eval_split: str = "eval"
+    eval_batch_size: int = 8
+    eval_max_new_tokens: int | None = None  # default: train.max_new_tokens, else the task's cap
+    draws: int = Settings.draws
+    sign_draws: int = Settings.sign_draws
+    figures: bool = True
+    recipes: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: DEFAULT_RECIPES)
+
+    def __post_init__(self) -> None:
+        if self.seeds < 1:
+            raise ConfigError(f"protocol seeds must be >= 1, got {self.seeds}")
+        unknown = [a for a in (*self.arms, *self.recipes) if a not in ARMS]
+        if unknown:
+            raise ConfigError(f"unknown protocol arm {unknown[0]!r} (known: {', '.join(ARMS)}; "
+                              f"the base '{BASE_ARM}' is always evaluated)")
+        if len(set(self.arms)) != len(self.arms) or not self.arms:
+            raise ConfigError(f"protocol arms must be distinct and non-empty: {self.arms}")
+        for name in ("eval_limit", "eval_batch_size", "eval_max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"protocol {name} must be >= 1, got {value}")
+        bad = [(arm, key) for arm, recipe in self.recipes.items() for key in recipe
+               if not (key.startswith("train.") and key not in ("train.arm", "train.steps")
+                       or key == "privacy.clip_norm")]
+        if bad:
+            raise ConfigError(f"protocol recipe for {bad[0][0]!r} sets {bad[0][1]!r}: arms must "
+                              "share the data, model, n, q, sigma and T; a recipe may set train.* "
+                              "(not arm, steps) and privacy.clip_norm")
+
+    def all_arms(self) -> tuple[str, ...]:
+        """The trained arms in run order: the chosen arms, then the ladder, then non-private."""
+        extra = (*(LADDER_ARMS if self.ladder else ()),
+                 *((NON_PRIVATE_ARM,) if self.non_private else ()))
+        return tuple(dict.fromkeys((*self.arms, *extra)))
+
+    def recipe(self, arm: str) -> list[str]:
+        """The arm's ``section.key=value`` overrides."""
+        return [f"{k}={v}" for k, v in self.recipes.get(arm, {}).items()]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the protocol."""
+
+    arm: str
+    seed: int
+    run_dir: Path
+    config: RunConfig
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-seed{self.seed}"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.run_dir / "eval"      # outside release/: only RELEASE_FILES go there
+
+
+@dataclass(frozen=True)
+class ProtocolPlan:
+    """Every run and evaluation of one protocol, fixed before any of them starts (A1)."""
+
+    out_dir: Path
+    config: RunConfig           # the benchmark config, before per-arm changes
+    settings: ProtocolSettings
+    budget: BudgetRow           # n, m, sigma, T, delta and epsilon shared by the private arms
+    n_eval: int                 # problems each evaluation scores
+    runs: tuple[RunSpec, ...]
+
+    @property
+    def base_dir(self) -> Path:
+        return self.out_dir / "base"
+
+    def to_dict(self) -> dict[str, Any]:
+        settings = {**asdict(self.settings),
+                    "recipes": {a: dict(r) for a, r in self.settings.recipes.items()}}
+        return {"task": self.config.data.task, "model": self.config.model.name,
+                "config": self.config.to_dict(public=True), "settings": settings,
+                "budget": self.budget.to_dict(), "n_eval": self.n_eval,
+                "runs": [{"name": r.name, "arm": r.arm, "seed": r.seed,
+                          "run_dir": str(r.run_dir)} for r in self.runs]}
+
+
+@dataclass(frozen=True)
+class ProtocolResult:
+    """What one invocation did and found."""
+
+    plan: ProtocolPlan
+    status: dict[str, str]                 # run name -> "trained", "resumed" or "complete"
+    summaries: dict[str, dict[str, Any]]   # "base" and run names -> eval summary
+    certificates: dict[str, dict[str, Any]]
+    epsilon: float                         # largest certified epsilon of the private runs
+    report: list[Path]                     # files written by compare
+
+
+def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
+                         ) -> tuple[RunConfig, dict[str, Any]]:
+    """A training config and its ``[protocol]`` table (stripped before the RunConfig is built).
+
+    ``path`` None: the embedded CPU demo. Overrides are ``section.key=value`` strings.
+    """
+    if path is None:
+        return apply_overrides(embedded_default(), list(overrides)), {}
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML ({err})") from None
+    table = data.pop("protocol", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [protocol] must be a table")
+    return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """``{"train": {"learning_rate": x}}`` -> ``{"train.learning_rate": x}``."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    return {k: v for key, item in value.items()
+            for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()}
+
+
+def protocol_settings(table: Mapping[str, Any], **options: Any) -> ProtocolSettings:
+    """Settings from a ``[protocol]`` table, then ``options`` (CLI values; None = not given).
+
+    Recipes of the table are merged key by key over :data:`DEFAULT_RECIPES`.
+    """
+    known = [f.name for f in fields(ProtocolSettings)]
+    if unknown := sorted((set(table) | set(options)) - set(known)):
+        raise ConfigError(f"unknown protocol key {unknown[0]!r} (known: {', '.join(known)})")
+    values = {**table, **{k: v for k, v in options.items() if v is not None}}
+    recipes = {arm: dict(r) for arm, r in DEFAULT_RECIPES.items()}
+    for arm, recipe in (values.pop("recipes", None) or {}).items():
+        if not isinstance(recipe, dict):
+            raise ConfigError(f"[protocol.recipes.{arm}] must be a table")
+        recipes.setdefault(arm, {}).update(_flatten("", recipe))
+    if "arms" in values:
+        arms = values["arms"]
+        values["arms"] = tuple(a.strip() for a in arms.split(",") if a.strip()) \
+            if isinstance(arms, str) else tuple(arms)
+    try:
+        return ProtocolSettings(**values, recipes=recipes)
+    except TypeError as err:
+        raise ConfigError(f"bad protocol setting: {err}") from None
+
+
+def arm_config(config: RunConfig, arm: str, seed: int, sigma: float,
+               recipe: Sequence[str] = ()) -> RunConfig:
+    """The RunConfig of ``arm``'s seed-``seed`` run: the arm, the shared sigma (None for the
+    non-private arm), the debugging seed if the config has one, then the recipe overrides."""
+    private = arm != NON_PRIVATE_ARM
+    seed_value = config.privacy.seed
+    if seed_value is not None:
+        seed_value += SEED_STRIDE * (seed - 1)
+    cfg = replace(config, train=replace(config.train, arm=arm),
+                  privacy=replace(config.privacy, noise_multiplier=sigma if private else None,
+                                  seed=seed_value))
+    return apply_overrides(cfg, list(recipe))
+
+
+def plan_protocol(config: RunConfig, settings: ProtocolSettings, out_dir: str | Path
+                  ) -> ProtocolPlan:
+    """Resolve the shared budget (calibrating sigma once if needed) and list every run."""
+    from dpgrpo.tasks import load_split
+
+    if settings.figures and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("figures need matplotlib: pip install 'dpgrpo[plot]' (or no figures)")
+    out_dir = Path(out_dir).resolve()
+    problems = load_split(config.data.task, settings.eval_split, config.data.data_dir,
+                          source=config.data.source).problems
+    n_eval = len(problems[:settings.eval_limit] if settings.eval_limit else problems)
+    private = replace(config, train=replace(config.train, arm="dp-grpo"))
+    budget = resolve_budget(private, config.data.task)
+    runs = []
+    for arm in settings.all_arms():
+        seeds = (1,) if arm == NON_PRIVATE_ARM else range(1, settings.seeds + 1)
+        for k in seeds:
+            cfg = arm_config(config, arm, k, budget.sigma, settings.recipe(arm))
+            runs.append(RunSpec(arm, k, out_dir / "runs" / f"{arm}-seed{k}", cfg))
+    return ProtocolPlan(out_dir, config, settings, budget, n_eval, tuple(runs))
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in ``path``, or None if it is missing or unreadable (an interrupted write)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(wanted, dict):
+        keys = dict.fromkeys((*saved, *wanted))
+        return [d for k in keys for d in _differences(saved.get(k), wanted.get(k),
+                                                      f"{prefix}{k}.")]
+    return [] if saved == wanted else [prefix.rstrip(".")]
+
+
+def check_existing(spec: RunSpec) -> None:
+    """Raise ConfigError if ``spec.run_dir`` holds a run trained with another config."""
+    for path, public in ((spec.run_dir / "recovery" / "config.json", False),
+                         (spec.run_dir / "release" / "config.json", True)):
+        saved = _read_json(path)
+        if saved is None:
+            continue
+        wanted = json.loads(json.dumps(spec.config.to_dict(public=public)))
+        diff = _differences(saved, wanted)
+        if diff:
+            raise ConfigError(f"{spec.run_dir} was trained with another config (differs in "
+                              f"{', '.join(diff)}); use another output folder or the same "
+                              "config and --set options")
+        return
+
+
+def release_complete(run_dir: Path, steps: int) -> bool:
+    """Whether ``run_dir/release`` holds the adapter and certificate of all ``steps`` rounds."""
+    cert = _read_json(run_dir / "release" / "certificate.json")
+    return (isinstance(cert, dict) and cert.get("rounds_retained") == steps
+            and (run_dir / "release" / "adapter_model.safetensors").is_file())
+
+
+def eval_complete(eval_dir: Path, n_eval: int) -> bool:
+    """Whether ``eval_dir/summary.json`` covers all ``n_eval`` problems."""
+    summary = _read_json(eval_dir / "summary.json")
+    return isinstance(summary, dict) and summary.get("n") == n_eval
+
+
+def ensure_trained(spec: RunSpec) -> str:
+    """Train the run, resume it, or leave a complete one: "trained", "resumed" or "complete"."""
+    from dpgrpo.trainer import train
+
+    if release_complete(spec.run_dir, spec.config.train.steps):
+        return "complete"
+    if (spec.run_dir / "recovery" / "config.json").exists():
+        train(None, spec.run_dir, resume=True)
+        return "resumed"
+    train(spec.config, spec.run_dir)
+    return "trained"
+
+
+def evaluate(plan: ProtocolPlan, out_dir: Path, *, adapter: Path | None, arm: str,
+             seed: int | None) -> dict[str, Any]:
+    """Greedy evaluation of the base or a release on the eval split; the same settings for all."""
+    from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
+    from dpgrpo.run_setup import resolve_device
+
+    cfg, st = plan.config, plan.settings
+    return run_eval(EvalSettings(
+        task=cfg.data.task, model=cfg.model.name, out_dir=out_dir,
+        data_dir=Path(cfg.data.data_dir) if cfg.data.data_dir is not None else None,
+        split=st.eval_split, adapter=adapter, limit=st.eval_limit, batch_size=st.eval_batch_size,
+        max_new_tokens=st.eval_max_new_tokens or cfg.train.max_new_tokens, dtype=cfg.model.dtype,
+        device=str(resolve_device(cfg.model.device)), arm=arm, seed=seed,
+        source=cfg.data.source))
+
+
+def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
+    """The largest epsilon of the private runs, after checking that they share n, q, sigma, T
+    and delta (PrivacyError otherwise). A resumed run that replayed rounds is charged for them
+    and may certify a larger epsilon than the others."""
+    private = [(name, c) for name, c in certificates.items() if c.get("private")]
+    for name, cert in private[1:]:
+        diff = [k for k in ("n", "q", "sigma", "steps", "delta")
+                if cert.get(k) != private[0][1].get(k)]
+        if diff:
+            raise PrivacyError(f"run {name} differs from {private[0][0]} in {', '.join(diff)}: "
+                               "every private arm of a protocol must share n, q, sigma and T")
+    return max((float(c["epsilon"]) for _, c in private), default=math.inf)
+
+
+def run_protocol(plan: ProtocolPlan, *, progress: Callable[[str], None] | None = None
+                 ) -> ProtocolResult:
+    """Train and evaluate every run of ``plan`` (resuming), then write the comparison."""
+    from dpgrpo.checkpoint import atomic_write_json
+    from dpgrpo.reports.compare import run_compare
+
+    say = progress or (lambda message: None)
+    for spec in plan.runs:                       # refuse foreign run folders before any work
+        check_existing(spec)
+    plan.out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(plan.out_dir / "protocol.json", plan.to_dict())
+    say(f"base: evaluating {plan.n_eval} problems")
+    summaries = {BASE_ARM: evaluate(plan, plan.base_dir, adapter=None, arm=BASE_ARM, seed=None)}
+    status, certificates = {}, {}
+    for spec in plan.runs:
+        steps = spec.config.train.steps
+        if (release_complete(spec.run_dir, steps) and eval_complete(spec.eval_dir, plan.n_eval)):
+            status[spec.name] = "complete"
+            say(f"{spec.name}: complete, skipped")
+            summaries[spec.name] = _read_json(spec.eval_dir / "summary.json")
+        else:
+            say(f"{spec.name}: training ({steps} rounds)")
+            status[spec.name] = ensure_trained(spec)
+            say(f"{spec.name}: {status[spec.name]}; evaluating {plan.n_eval} problems")
+            summaries[spec.name] = evaluate(plan, spec.eval_dir, adapter=spec.run_dir / "release",
+                                            arm=spec.arm, seed=spec.seed)
+        certificates[spec.name] = _read_json(spec.run_dir / "release" / "certificate.json")
+    epsilon = check_shared_budget(certificates)
+    say("comparing every arm with the base")
+    analysis = Settings(draws=plan.settings.draws, sign_draws=plan.settings.sign_draws)
+    _, report = run_compare([s.run_dir for s in plan.runs], plan.base_dir,
+                            plan.out_dir / "compare", settings=analysis, write_json=True,
+                            figures=plan.settings.figures)
+    results = _results(plan, status, summaries, certificates)
+    atomic_write_json(plan.out_dir / "protocol.json", {**plan.to_dict(), "results": results})
+    return ProtocolResult(plan, status, summaries, certificates, epsilon, report)
+
+
+def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[str, Any],
+             certificates: Mapping[str, Any]) -> dict[str, Any]:
+    """Per run: what this invocation did, the accuracies and the certified budget."""
+    keys = ("epsilon", "delta", "rounds_charged", "releasable")
+    return {BASE_ARM: {"accuracy": summaries[BASE_ARM]["accuracy"]},
+            **{s.name: {"status": status[s.name], "accuracy": summaries[s.name]["accuracy"],
+                        **{k: certificates[s.name][k] for k in keys}} for s in plan.runs}}
+
+
+__all__ = ["BASE_ARM", "DEFAULT_RECIPES", "LADDER_ARMS", "NON_PRIVATE_ARM", "PRIMARY_ARMS",
+           "ProtocolPlan", "ProtocolResult", "ProtocolSettings", "RunSpec", "arm_config",
+           "check_existing", "check_shared_budget", "ensure_trained", "eval_complete", "evaluate",
+           "load_protocol_config", "plan_protocol", "protocol_settings", "release_complete",
+           "run_protocol"]

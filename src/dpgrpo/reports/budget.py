@@ -1,0 +1,158 @@
+"""The privacy budget of training configurations: Table VI of the paper (Appendix A-F).
+
+For a RunConfig (a TOML file as ``dpgrpo train`` takes it) the budget is fixed by public
+quantities alone (assumption A1): the number of slots n, the expected batch m = q n, the noise
+multiplier sigma and the number of rounds T, at delta = ``privacy.delta`` or 1/(10 n). The loss,
+clipping norm, learning rate, group size and verifier do not enter it (Corollary 2).
+
+* n is ``data.n_slots`` if set, else the number of problems of the training split (after
+  ``data.limit``) plus ``audit.canaries``, as :mod:`dpgrpo.run_setup` builds the slots; the split
+  is loaded to count it (and to check ``n_slots`` against it), the model is not.
+* sigma is ``privacy.noise_multiplier`` if set, else calibrated from ``privacy.epsilon``
+  (:func:`dpgrpo.privacy.accounting.calibrate`; the same calibration the trainer runs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from dpgrpo.config import RunConfig
+from dpgrpo.errors import ConfigError, PrivacyBudgetError
+
+
+@dataclass(frozen=True)
+class BudgetRow:
+    """One configuration's mechanism parameters and its certified budget (a Table VI row)."""
+
+    configuration: str
+    n: int
+    m: float                       # expected prompts per round, q n
+    sigma: float
+    T: int
+    delta: float
+    q: float
+    pld_epsilon: float             # reported (dp_accounting PLD, add-or-remove)
+    rdp_epsilon: float             # cross-check, minimized over the RDP order grid
+    rdp_order: float
+    sigma_calibrated: bool         # True: sigma came from privacy.epsilon by bisection
+    target_epsilon: float | None   # privacy.epsilon when sigma was calibrated
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def count_slots(config: RunConfig) -> int:
+    """The public n a run of ``config`` uses: ``data.n_slots``, else problems + canaries.
+
+    Mirrors the slot logic of :func:`dpgrpo.run_setup.build_run` without loading a model or
+    writing a canary plan. Raises ConfigError if ``data.n_slots`` is below the record count.
+    """
+    from dpgrpo.tasks import get_task, load_problems
+
+    data = config.data
+    problems = load_problems(get_task(data.task), data.split, data.data_dir, source=data.source)
+    records = len(problems[:data.limit] if data.limit is not None else problems)
+    records += config.audit.canaries
+    if data.n_slots is None:
+        return records
+    if data.n_slots < records:
+        raise ConfigError(f"data.n_slots = {data.n_slots} is smaller than the {records} records "
+                          "(problems + canaries)")
+    return data.n_slots
+
+
+def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = None,
+                   cache: dict[tuple, Any] | None = None) -> BudgetRow:
+    """The budget row of ``config``: n, delta, sigma (given or calibrated), PLD and RDP epsilon.
+
+    ``n`` skips counting the slots when the caller already knows it. ``cache`` shares
+    calibrations between configurations with the same (n, m, T, epsilon, delta).
+    """
+    from dpgrpo.privacy.accounting import calibrate, compute_epsilon, default_delta
+
+    if not config.private:
+        raise ConfigError(f"{name}: train.arm = 'non-private' has sigma = 0 and no privacy "
+                          "budget to report")
+    n = count_slots(config) if n is None else n
+    p, steps = config.privacy, config.train.steps
+    if p.expected_batch > n:
+        raise ConfigError(f"{name}: privacy.expected_batch = {p.expected_batch:g} exceeds "
+                          f"n = {n} slots")
+    delta = p.delta if p.delta is not None else default_delta(n)
+    cache = {} if cache is None else cache
+    try:
+        if p.noise_multiplier is None:
+            key = ("calibrate", n, p.expected_batch, steps, p.epsilon, delta)
+            if key not in cache:
+                cache[key] = calibrate(n, p.expected_batch, steps, p.epsilon, delta)
+            sigma = cache[key].sigma
+        else:
+            sigma = p.noise_multiplier
+        key = ("epsilon", n, p.expected_batch, steps, sigma, delta)
+        if key not in cache:
+            cache[key] = compute_epsilon(n, p.expected_batch, steps, sigma, delta)
+        report = cache[key]
+    except PrivacyBudgetError as err:
+        raise ConfigError(f"{name}: {err}") from None
+    calibrated = p.noise_multiplier is None
+    return BudgetRow(configuration=name, n=n, m=p.expected_batch, sigma=sigma, T=steps,
+                     delta=delta, q=report.q, pld_epsilon=report.epsilon,
+                     rdp_epsilon=report.rdp_epsilon, rdp_order=report.rdp_order,
+                     sigma_calibrated=calibrated,
+                     target_epsilon=p.epsilon if calibrated else None)
+
+
+def budget_rows(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> list[BudgetRow]:
+    """Load each TOML config (with ``section.key=value`` overrides) and resolve its budget.
+
+    A ``[protocol]`` table (see :mod:`dpgrpo.protocol`) is ignored; rows are named after the
+    file stem. The arm is irrelevant to the budget, so a protocol file's arm does not matter;
+    a ``non-private`` config raises ConfigError.
+    """
+    if not paths:
+        raise ConfigError("give at least one training config")
+    from dpgrpo.protocol import load_protocol_config
+
+    cache: dict[tuple, Any] = {}
+    rows = []
+    for path in paths:
+        path = Path(path)
+        config, _ = load_protocol_config(path, list(overrides))
+        rows.append(resolve_budget(config, path.stem, cache=cache))
+    return rows
+
+
+def budget_table(rows: Sequence[BudgetRow]) -> str:
+    """Table VI-style markdown of the rows (with a delta column)."""
+    from dpgrpo.reports.tables import privacy_budget_table
+
+    return privacy_budget_table([r.to_dict() for r in rows])
+
+
+def write_budget_report(rows: Sequence[BudgetRow], out: str | Path, *,
+                        as_json: bool = False) -> list[Path]:
+    """Write the markdown table to ``out``; with ``as_json`` also the rows as a JSON list to
+    ``out`` with the suffix ``.json``. Returns the paths written."""
+    out = Path(out)
+    if as_json and out.suffix == ".json":
+        raise ConfigError(f"--out {out} receives the markdown table and the JSON rows go beside "
+                          "it with the suffix .json; name the table e.g. budget.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    note = ("PLD: dp_accounting, add-or-remove-one, pessimistic connect-the-dots discretization; "
+            "RDP: minimized over dp_accounting's order grid (order in parentheses). "
+            "delta = privacy.delta or 1/(10 n).")
+    out.write_text(budget_table(rows) + "\n\n" + note + "\n", encoding="utf-8")
+    written = [out]
+    if as_json:
+        rows_path = out.with_suffix(".json")
+        rows_path.write_text(json.dumps([r.to_dict() for r in rows], indent=2) + "\n",
+                             encoding="utf-8")
+        written.append(rows_path)
+    return written
+
+
+__all__ = ["BudgetRow", "budget_rows", "budget_table", "count_slots", "resolve_budget",
+           "write_budget_report"]
