@@ -32,7 +32,8 @@ def _settings(tiny_model_dir: Path, out: Path, **overrides: object) -> EvalSetti
     return EvalSettings(**values)  # type: ignore[arg-type]
 
 
-def test_eval_writes_contract_files_and_resumes(tiny_model_dir: Path, tiny: tuple, tmp_path: Path) -> None:
+def test_eval_writes_contract_files_and_resumes(tiny_model_dir: Path, tiny: tuple,
+                                                tmp_path: Path) -> None:
     calls: list[tuple[int, int]] = []
     summary = run_eval(_settings(tiny_model_dir, tmp_path, arm="base", seed=3),
                        loaded=tiny, progress=lambda done, total: calls.append((done, total)))
@@ -116,7 +117,8 @@ def test_summary_and_rescore_on_math_scorers() -> None:
                            {"strict": p.scores["strict"]}) for p in predictions]
     result = rescore(stripped, problems, get_task("math"), "robust")
     assert (result.n, result.correct, result.timeouts, result.changed) == (4, 2, 1, 0)
-    assert [p.scores["robust"] for p in result.predictions] == [p.scores["robust"] for p in predictions]
+    assert ([p.scores["robust"] for p in result.predictions]
+            == [p.scores["robust"] for p in predictions])
     flipped = [Prediction("a", "\\boxed{0.5}", 1, False, {"strict": Verdict(False, None)})]
     assert rescore(flipped, problems, get_task("math"), "strict").changed == 1
     with pytest.raises(ConfigError, match="no scorer"):

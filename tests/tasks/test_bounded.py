@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dpgrpo.tasks.bounded import run_bounded
-from dpgrpo.tasks.symbolic import pathology, parse_answer, symbolic_equal
+from dpgrpo.tasks.symbolic import parse_answer, pathology, symbolic_equal
 
 
 def test_signal_bound_interrupts_and_returns_value_otherwise() -> None:

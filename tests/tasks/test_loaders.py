@@ -51,7 +51,8 @@ def test_csqa_and_svamp_record_fields(shared_data_dir: Path) -> None:
     assert svamp[0].question.startswith(raw_svamp[0]["Body"].strip())
 
 
-def test_math_eval_split_is_test_minus_math500_minus_train_duplicates(shared_data_dir: Path) -> None:
+def test_math_eval_split_is_test_minus_math500_minus_train_duplicates(
+        shared_data_dir: Path) -> None:
     folder = shared_data_dir / "math"
     test = [normalize_text(r["problem"]) for r in _jsonl(folder / "test.jsonl")]
     math500 = {normalize_text(r["question"]) for r in _jsonl(folder / "math500_test.jsonl")}

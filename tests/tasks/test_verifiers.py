@@ -65,7 +65,8 @@ def test_math_strict_rejects_near_misses(gold: str, response: str) -> None:
 
 
 def test_math_strict_reports_what_it_read() -> None:
-    assert MATH.verify("so \\boxed{\\dfrac{3}{4}}.", math_problem("3/4")).extracted == "\\dfrac{3}{4}"
+    verdict = MATH.verify("so \\boxed{\\dfrac{3}{4}}.", math_problem("3/4"))
+    assert verdict.extracted == "\\dfrac{3}{4}"
     assert MATH.verify("no box", math_problem("1")).extracted is None
 
 
@@ -76,6 +77,8 @@ def test_math_strict_reports_what_it_read() -> None:
     "\\boxed{10000000!}",
     "\\boxed{x^{10^{12}}}",
     "\\boxed{" + "1" * 3000 + "}",
+    "\\boxed{" + "{" * 500 + "5" + "}" * 500 + "}",  # nesting that stalls the parser
+    "\\boxed{" + "(" * 25 + "1" + ")" * 25 + "}",
 ])
 def test_math_guard_refuses_pathological_answers_fast(response: str) -> None:
     start = time.monotonic()
@@ -176,7 +179,8 @@ def test_csqa_scorers(response: str, strict: bool, final: bool) -> None:
 
 
 def test_scorers_are_registered_by_name_and_roles_resolve() -> None:
-    assert {"math_boxed", "math_robust", "final_number", "csqa_letter", "csqa_final"} <= set(SCORERS)
+    names = {"math_boxed", "math_robust", "final_number", "csqa_letter", "csqa_final"}
+    assert names <= set(SCORERS)
     assert set(MATH.scorers()) == {"strict", "robust"}
     assert set(CSQA.scorers()) == {"strict", "final"}
     assert set(GSM8K.scorers()) == {"strict"}

@@ -14,23 +14,32 @@ DATA_HELP = "Folder holding the benchmark files (e.g. ../shared/data)."
 
 def eval_cmd(
     task: str = typer.Option(..., "--task", help=TASK_HELP),
-    model: str = typer.Option(..., "--model", help="Alias (smollm2-135m), model folder, .gguf or hub id."),
+    model: str = typer.Option(
+        ..., "--model", help="Alias (smollm2-135m), model folder, .gguf or hub id."),
     out: Path = typer.Option(..., "--out", help="Folder for predictions.jsonl and summary.json."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_HELP),
     split: str = typer.Option("eval", "--split", help="Split to evaluate."),
-    adapter: Optional[Path] = typer.Option(None, "--adapter", help="Released adapter folder (default: the base model)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N problems (quick CPU runs)."),
+    adapter: Optional[Path] = typer.Option(
+        None, "--adapter", help="Released adapter folder (default: the base model)."),
+    limit: Optional[int] = typer.Option(
+        None, "--limit", help="Only the first N problems (quick CPU runs)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generate call."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Completion cap (default: the task's)."),
+    max_new_tokens: Optional[int] = typer.Option(
+        None, "--max-new-tokens", help="Completion cap (default: the task's)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16, float16."),
     device: str = typer.Option("cpu", "--device", help="cpu, cuda, ..."),
-    arm: Optional[str] = typer.Option(None, "--arm", help="Label recorded in the summary (e.g. dp-grpo)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Training seed recorded in the summary."),
-    skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip invalid records (listed)."),
-    check_timeout: float = typer.Option(10.0, "--check-timeout", help="Seconds per symbolic check."),
+    arm: Optional[str] = typer.Option(
+        None, "--arm", help="Label recorded in the summary (e.g. dp-grpo)."),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Training seed recorded in the summary."),
+    skip_invalid: bool = typer.Option(
+        False, "--skip-invalid", help="Skip invalid records (listed)."),
+    check_timeout: float = typer.Option(
+        10.0, "--check-timeout", help="Seconds per symbolic check."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Greedy decoding, one completion per problem; resumable (skips finished ids)."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
@@ -41,7 +50,7 @@ def eval_cmd(
                             seed=seed, skip_invalid=skip_invalid, check_timeout_s=check_timeout)
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, transient=as_json) as bar:
+    with Progress(*columns, console=Console(stderr=True), transient=as_json) as bar:
         job = bar.add_task(f"eval {task}", total=None)
         summary = run_eval(settings, progress=lambda done, total: bar.update(
             job, completed=done, total=total))
@@ -51,7 +60,8 @@ def eval_cmd(
 def rescore_cmd(
     predictions: Path = typer.Argument(..., help="A predictions.jsonl written by `dpgrpo eval`."),
     scorer: str = typer.Option(..., "--scorer", help="strict, robust (MATH) or final (CSQA)."),
-    task: Optional[str] = typer.Option(None, "--task", help="Default: from the summary.json beside it."),
+    task: Optional[str] = typer.Option(
+        None, "--task", help="Default: from the summary.json beside it."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_HELP),
     split: str = typer.Option("eval", "--split", help="Split the predictions came from."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip invalid records."),
@@ -86,12 +96,17 @@ def rescore_cmd(
 
 def score_cmd(
     task: str = typer.Option(..., "--task", help=TASK_HELP),
-    gold: str = typer.Option(..., "--gold", help="Reference answer (MATH: boxed content; CSQA: letter)."),
-    response: Optional[str] = typer.Option(None, "--response", help="The response text ('-': stdin)."),
-    response_file: Optional[Path] = typer.Option(None, "--response-file", help="Read the response from a file."),
-    choice: Optional[list[str]] = typer.Option(None, "--choice", help="CSQA option as LABEL=TEXT (repeatable)."),
+    gold: str = typer.Option(
+        ..., "--gold", help="Reference answer (MATH: boxed content; CSQA: letter)."),
+    response: Optional[str] = typer.Option(
+        None, "--response", help="The response text ('-': stdin)."),
+    response_file: Optional[Path] = typer.Option(
+        None, "--response-file", help="Read the response from a file."),
+    choice: Optional[list[str]] = typer.Option(
+        None, "--choice", help="CSQA option as LABEL=TEXT (repeatable)."),
     hit_cap: bool = typer.Option(False, "--hit-cap", help="The response was cut at the token cap."),
-    check_timeout: float = typer.Option(10.0, "--check-timeout", help="Seconds per symbolic check."),
+    check_timeout: float = typer.Option(
+        10.0, "--check-timeout", help="Seconds per symbolic check."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Extraction and verdict of every scorer of a task for one response (verifier debugging)."""

@@ -17,6 +17,10 @@ import logging
 from pathlib import Path
 
 from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.tasks import csqa as _csqa  # noqa: F401  (registers the task)
+from dpgrpo.tasks import gsm8k as _gsm8k  # noqa: F401
+from dpgrpo.tasks import hendrycks_math as _math  # noqa: F401
+from dpgrpo.tasks import svamp as _svamp  # noqa: F401
 from dpgrpo.tasks import verifiers as _verifiers  # noqa: F401  (registers the scorers)
 from dpgrpo.tasks.arithmetic import generate_problems, make_arithmetic_task
 from dpgrpo.tasks.base import (
@@ -34,10 +38,6 @@ from dpgrpo.tasks.base import (
     register_task,
     task_names,
 )
-from dpgrpo.tasks import csqa as _csqa  # noqa: F401  (registers the task)
-from dpgrpo.tasks import gsm8k as _gsm8k  # noqa: F401
-from dpgrpo.tasks import hendrycks_math as _math  # noqa: F401
-from dpgrpo.tasks import svamp as _svamp  # noqa: F401
 
 __all__ = [
     "DEFAULT_CHECK_TIMEOUT_S", "SCORERS", "LoadedSplit", "Problem", "Scorer", "Task", "Verdict",

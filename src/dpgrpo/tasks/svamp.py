@@ -19,11 +19,11 @@ from dpgrpo.tasks.sources import Source
 
 def _parse(row: Row, index: str) -> Problem:
     raw_id = row.value("ID")
-    if not isinstance(raw_id, (str, int)) or not str(raw_id).strip():
+    if not isinstance(raw_id, str | int) or not str(raw_id).strip():
         raise row.error("expected a nonempty id", "ID")
     question = f"{row.text('Body').strip()} {row.text('Question').strip()}"
     value = row.value("Answer")
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise row.error(f"expected a number, got {type(value).__name__}", "Answer")
     if isinstance(value, str) and not value.strip():
         raise row.error("empty answer", "Answer")

@@ -1,8 +1,9 @@
 """Symbolic answer equality with math-verify, behind a guard and a wall-clock bound.
 
 :func:`symbolic_equal` parses a reference and a candidate answer (LaTeX, the content of a
-``\\boxed{}``) with math-verify, refuses pathological expressions (a power tower or factorial
-whose value would have more than :data:`MAX_DIGITS` digits, which no signal could interrupt),
+``\\boxed{}``) with math-verify, refuses pathological expressions (overlong or deeply nested
+text, which stalls the parser; a power tower or factorial whose value would have more than
+:data:`MAX_DIGITS` digits, which no signal could interrupt),
 and compares them with ``math_verify.verify`` — fractions, ``\\dfrac``, radicals, intervals,
 sets, units and ``\\text`` wrappers are math-verify's normalizations, not ours. The whole
 check runs under :func:`dpgrpo.tasks.bounded.run_bounded`; a timeout or a guard trip counts
@@ -24,6 +25,9 @@ MAX_DIGITS = 100_000
 MAX_SYMBOLIC_EXPONENT = 100_000
 #: Answers longer than this (characters) are refused before parsing.
 MAX_ANSWER_CHARS = 2_000
+#: Answers nested deeper than this (braces and brackets) are refused before parsing
+#: (MATH reference answers nest at most 3 deep; the parser slows sharply with depth).
+MAX_NESTING = 20
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,27 @@ def _factorial_bound(arg: float | None) -> float | None:
     return digits
 
 
+def nesting_depth(text: str) -> int:
+    """Deepest nesting of ``{}``, ``()`` and ``[]`` in ``text`` (escaped braces count too)."""
+    depth = deepest = 0
+    for ch in text:
+        if ch in "{([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "})]":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def text_pathology(text: str) -> str | None:
+    """Why an answer's text must not even be parsed, or None."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return f"answer longer than {MAX_ANSWER_CHARS} characters"
+    if nesting_depth(text) > MAX_NESTING:
+        return f"answer nested deeper than {MAX_NESTING} levels"
+    return None
+
+
 def pathology(parsed: list[object]) -> str | None:
     """Why a parsed answer must not be evaluated, or None if it is safe."""
     for item in parsed:
@@ -156,11 +181,11 @@ def symbolic_equal(gold: str, candidate: str, *, timeout_s: float = DEFAULT_CHEC
     """
     if not gold.strip() or not candidate.strip():
         return Equality(False)
-    if len(candidate) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
-        return Equality(False, True, f"answer longer than {MAX_ANSWER_CHARS} characters")
+    reason = text_pathology(candidate) or text_pathology(gold)
+    if reason is not None:
+        return Equality(False, True, reason)
     result, timed_out = run_bounded(_compare, (gold, candidate), timeout_s, mode=mode)
     if timed_out:
         return Equality(False, True, f"check exceeded {timeout_s:g} s")
-    assert result is not None
-    equal, reason = result
+    equal, reason = result if result is not None else (False, None)
     return Equality(equal, reason is not None, reason)
