@@ -8,8 +8,9 @@ timed, since all three need them equally):
         (``dpgrpo.privacy.mechanism.privatize``), AdamW step;
   (iii) fast path: one backward with per-prompt LoRA hooks, same mechanism and step.
 
-Times are medians over ``--repeats`` interleaved rounds (after one warm-up round that also
-creates the AdamW state). Memory is the peak of bytes allocated during one update above what
+Times are medians over ``--repeats`` interleaved, rotated rounds (after one warm-up round that
+also creates the AdamW state); on CPU the ratios use process CPU time by default, which other
+jobs on a shared machine disturb far less than wall time (both are reported). Memory is the peak of bytes allocated during one update above what
 was allocated before it: ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the running sum
 of the profiler's allocator events (``profile_memory=True``), which counts every torch
 tensor allocation and free exactly (not sampled RSS).
@@ -142,9 +143,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--clock", choices=["process", "wall"], default=None,
+                        help="ratios from process CPU time (default on CPU: robust to other "
+                             "jobs on a shared machine) or wall time (default on CUDA)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.clock is None:
+        args.clock = "wall" if args.device.startswith("cuda") else "process"
 
     model, tok = load(args.model, args.device)
     rollouts = synthetic_rollouts(tok, args.prompts, args.group, args.max_len)
@@ -154,7 +160,9 @@ def main() -> None:
     batch = batch.to(args.device)
     steps = make_steps(model, batch)
 
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     times: dict[str, list[float]] = {k: [] for k in steps}
+    walls: dict[str, list[float]] = {k: [] for k in steps}
     for k, step in steps.items():  # warm-up; creates the AdamW state
         step()
     names = list(steps)
@@ -163,19 +171,21 @@ def main() -> None:
         for k in names[r % 3:] + names[:r % 3]:
             step = steps[k]
             sync(args.device)
-            t0 = time.perf_counter()
+            t0, w0 = clock(), time.perf_counter()
             step()
             sync(args.device)
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(clock() - t0)
+            walls[k].append(time.perf_counter() - w0)
     memory = {k: peak_bytes(step, args.device) for k, step in steps.items()}
     med = {k: statistics.median(v) for k, v in times.items()}
+    med_wall = {k: statistics.median(v) for k, v in walls.items()}
     base_t, base_m = med["non-private"], memory["non-private"]
     result = {
         "model": args.model, "device": args.device, "threads": args.threads,
         "prompts": args.prompts, "group": args.group, "max_len": args.max_len,
         "seq_len": int(batch.input_ids.shape[1]), "repeats": args.repeats,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "time_s": med, "peak_bytes": memory,
+        "clock": args.clock, "time_s": med, "wall_s": med_wall, "peak_bytes": memory,
         "loop_time_ratio": med["reference loop"] / base_t,
         "fast_time_ratio": med["fast path"] / base_t,
         "loop_memory_ratio": memory["reference loop"] / base_m,
@@ -187,10 +197,11 @@ def main() -> None:
     print(f"model {args.model} on {args.device} ({args.threads} threads): B={args.prompts} "
           f"G={args.group} completion<={args.max_len} tokens, row length {result['seq_len']}, "
           f"{result['trainable_params']:,} LoRA parameters, median of {args.repeats}")
-    print(f"{'update':16} {'time s':>9} {'x non-private':>14} {'peak MiB':>10} {'x non-private':>14}")
+    print(f"{'update':16} {args.clock + ' s':>10} {'x non-private':>14} {'wall s':>9} "
+          f"{'peak MiB':>10} {'x non-private':>14}")
     for k in steps:
-        print(f"{k:16} {med[k]:9.4f} {med[k] / base_t:14.2f} {memory[k] / 2**20:10.1f} "
-              f"{memory[k] / base_m:14.2f}")
+        print(f"{k:16} {med[k]:10.4f} {med[k] / base_t:14.2f} {med_wall[k]:9.4f} "
+              f"{memory[k] / 2**20:10.1f} {memory[k] / base_m:14.2f}")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ def test_lora_step_keeps_base_fingerprint_and_adapter_round_trip(policy, tiny_mo
                                                                  tmp_path):
     model, tok = policy.model, policy.tokenizer
     before = base_weights_fingerprint(model)
-    ro = generate(model, tok, ["What is 12 plus 30?", "abc"], group_size=2, temperature=1.0,
+    ro = generate(policy, tok, ["What is 12 plus 30?", "abc"], group_size=2, temperature=1.0,
                   max_new_tokens=5, generator=torch.Generator().manual_seed(0))
     batch = build_grpo_batch(ro, torch.tensor([[1., 0], [0., 1]]),
                              ref_logprobs=reference_logprobs(model, ro))

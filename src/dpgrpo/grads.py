@@ -109,8 +109,7 @@ class _PerPromptHooks:
         covered: set[str] = set()
         for mname, module in model.named_modules():
             parts = mname.split(".")
-            if not isinstance(module, torch.nn.Linear) or not any(
-                    p in parts[:-1] or p == parts[-1] for p in _LORA_PARTS):
+            if not isinstance(module, torch.nn.Linear) or not any(p in parts for p in _LORA_PARTS):
                 continue
             names = {k: f"{mname}.{k}" for k in ("weight", "bias")
                      if getattr(module, k, None) is not None and f"{mname}.{k}" in params}
@@ -156,7 +155,7 @@ class _PerPromptHooks:
         gb = grad_out.reshape(b, -1, grad_out.shape[-1]).to(dtype)      # (B, R*L, d_out)
         sl = slice(self.offset, self.offset + b)
         if weight is not None:
-            weight[sl] += torch.einsum("bno,bni->boi", gb, xb)          # (B, d_out, d_in)
+            weight[sl].baddbmm_(gb.transpose(1, 2), xb)                 # (B, d_out, d_in)
         if "bias" in names:
             self.out[names["bias"]][sl] += gb.sum(dim=1)                # (B, d_out)
 

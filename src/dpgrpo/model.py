@@ -121,7 +121,7 @@ def resolve_model(name: str) -> ModelSource:
             raise ConfigError(f"GGUF file not found: {path}")
         return ModelSource(name, str(path.resolve().parent), path.name)
     if path.is_dir():
-        if not (path / "config.json").exists() and not (path / "adapter_config.json").exists():
+        if not (path / "config.json").exists():
             raise ConfigError(f"{path} is a directory without config.json: not a model folder")
         return ModelSource(name, str(path.resolve()))
     if path.exists():

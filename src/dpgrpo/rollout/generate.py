@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dpgrpo.errors import ConfigError
+from dpgrpo.model import Policy
 
 
 @dataclass
@@ -92,6 +93,8 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
              batch_size: int | None = None) -> RolloutBatch:
     """Sample ``group_size`` completions per user message (chat template applied).
 
+    ``model`` is a causal LM (usually the PeftModel) or a :class:`~dpgrpo.model.Policy`.
+
     ``temperature`` 0 means greedy. Generation stops at EOS or after ``max_new_tokens``.
     ``batch_size`` caps the rows per generate call (default: all rows at once).
     """
@@ -103,6 +106,8 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
         raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(model, Policy):
+        model = model.model
     if not user_messages:
         return _empty(group_size)
     if generator is None:
