@@ -54,6 +54,7 @@ class DataConfig:
     split: str = "train"
     source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
     limit: int | None = None  # use the first `limit` problems of the split
+    skip_invalid: bool = False  # skip (and log) records that fail validation instead of stopping
     n_slots: int | None = None  # public n; default: number of problems (+ canaries)
 
     def __post_init__(self) -> None:
@@ -222,6 +223,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file not found: {path}") from None
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: invalid TOML ({err})") from None
+    data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
     config = config_from_dict(data, source=str(path or "defaults"))
     return apply_overrides(config, overrides or [])
 

@@ -114,7 +114,8 @@ def _slots(config: RunConfig, task: Any, run_dir: Path, ctx: DistContext) -> tup
     from dpgrpo.tasks import get_task, load_problems
 
     data = config.data
-    problems = load_problems(task, data.split, data.data_dir, source=data.source)
+    problems = load_problems(task, data.split, data.data_dir, source=data.source,
+                             skip_invalid=data.skip_invalid)
     if data.limit is not None:
         problems = problems[:data.limit]
     slots: list[Any] = [(task, p) for p in problems]

@@ -53,7 +53,8 @@ def count_slots(config: RunConfig) -> int:
     from dpgrpo.tasks import get_task, load_problems
 
     data = config.data
-    problems = load_problems(get_task(data.task), data.split, data.data_dir, source=data.source)
+    problems = load_problems(get_task(data.task), data.split, data.data_dir, source=data.source,
+                             skip_invalid=data.skip_invalid)
     records = len(problems[:data.limit] if data.limit is not None else problems)
     records += config.audit.canaries
     if data.n_slots is None:
