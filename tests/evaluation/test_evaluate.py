@@ -138,3 +138,21 @@ def test_read_predictions_rejects_bad_lines(tmp_path: Path) -> None:
     path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n")
     with pytest.raises(DataError, match="duplicate"):
         read_predictions(path)
+
+
+def test_eval_skip_invalid_lists_skipped_records(tiny_model_dir: Path, tiny: tuple,
+                                                 tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    data = tmp_path / "data" / "gsm8k"
+    data.mkdir(parents=True)
+    good = json.dumps({"question": "What is 1+1?", "answer": "1+1=2\n#### 2"})
+    (data / "test.jsonl").write_text(good + "\n" + json.dumps({"question": "q"}) + "\n")
+    settings = _settings(tiny_model_dir, tmp_path / "out", task="gsm8k",
+                         data_dir=tmp_path / "data", limit=None)
+    with pytest.raises(DataError, match="line 2, field 'answer'"):
+        run_eval(settings, loaded=tiny)
+    with caplog.at_level("WARNING"):
+        summary = run_eval(EvalSettings(**{**settings.__dict__, "skip_invalid": True}),
+                           loaded=tiny)
+    assert summary["n"] == 1
+    assert any("line 2, field 'answer'" in record.getMessage() for record in caplog.records)

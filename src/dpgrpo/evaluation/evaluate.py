@@ -24,7 +24,7 @@ from dpgrpo.evaluation.predictions import (
     summarize,
     write_summary,
 )
-from dpgrpo.tasks import DEFAULT_CHECK_TIMEOUT_S, Problem, get_task, load_split
+from dpgrpo.tasks import DEFAULT_CHECK_TIMEOUT_S, Problem, get_task, load_problems
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,8 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
     from dpgrpo.rollout import generate
 
     task = get_task(settings.task, check_timeout_s=settings.check_timeout_s)
-    problems = load_split(task, settings.split, settings.data_dir,
-                          skip_invalid=settings.skip_invalid, source=settings.source).problems
+    problems = load_problems(task, settings.split, settings.data_dir,  # logs what it skips
+                             skip_invalid=settings.skip_invalid, source=settings.source)
     split_ids = {p.id for p in problems}
     problems = problems[:settings.limit] if settings.limit else problems
     cap = settings.max_new_tokens or task.default_max_new_tokens
