@@ -77,6 +77,7 @@ def test_verify_writes_record(tmp_path):
 def test_verify_fails_when_a_check_fails(monkeypatch):
     from dpgrpo import verify
 
+    verify._register_model_checks()  # register before swapping the list, not into the copy
     broken = verify.Check("always_fails", "mechanism", 0.0, "<=", "test", lambda: 1.0)
     monkeypatch.setattr(verify, "CHECKS", verify.CHECKS + [broken])
     results = verify.run_checks(("mechanism",))
