@@ -22,7 +22,7 @@ CHOICES = (("A", "bank"), ("B", "library"), ("C", "department store"), ("D", "ma
 
 
 def test_registry_holds_the_five_tasks_and_they_satisfy_the_protocol() -> None:
-    assert set(task_names()) == {"arithmetic", "gsm8k", "math", "csqa", "svamp"}
+    assert {"arithmetic", "gsm8k", "math", "csqa", "svamp"} <= set(task_names())  # + test tasks
     for name in task_names():
         assert isinstance(get_task(name), Task)
     caps = {name: get_task(name).default_max_new_tokens for name in task_names()}
