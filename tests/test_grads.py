@@ -3,7 +3,6 @@ non-private equivalence and zero-advantage groups (paper, Appendix B), in float6
 
 from __future__ import annotations
 
-import types
 
 import pytest
 import torch
@@ -15,20 +14,10 @@ from dpgrpo.model import LoraSettings, attach_lora
 from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, group_advantages,
                                     reference_logprobs)
 from dpgrpo.rollout import RolloutBatch, generate
-from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer, exact_rmsnorm
 
 MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more.", "Answer: A B C",
             "abc", "Solve the problem step by step."]
-
-
-def _exact_rmsnorm(model: torch.nn.Module) -> None:
-    """HF's LlamaRMSNorm computes in fp32 even for fp64 models; keep fp64 end to end."""
-    def forward(self, h):  # noqa: ANN001
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True)
-                                              + self.variance_epsilon))
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            module.forward = types.MethodType(forward, module)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +29,7 @@ def tok():
 def policy(tok):
     """fp64 tiny Llama with a nonzero LoRA adapter (so the KL term has a gradient)."""
     base = build_tiny_model(tok, dtype="float64")
-    _exact_rmsnorm(base)
+    exact_rmsnorm(base)
     model = attach_lora(base, LoraSettings(dropout=0.0))
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():

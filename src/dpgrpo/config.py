@@ -212,17 +212,20 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConf
     return RunConfig(**sections)
 
 
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML file; a missing file or bad TOML is a ConfigError naming the file."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML ({err})") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a TOML file (or the defaults) and apply ``section.key=value`` overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: invalid TOML ({err})") from None
+    data: dict[str, Any] = read_toml(path) if path is not None else {}
     data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
     config = config_from_dict(data, source=str(path or "defaults"))
     return apply_overrides(config, overrides or [])
@@ -268,7 +271,7 @@ def embedded_default() -> RunConfig:
     return RunConfig(
         model=ModelConfig(name="smollm2-135m", dtype="float32", device="auto"),
         data=DataConfig(task="arithmetic", split="train"),
-        privacy=PrivacyConfig(epsilon=8.0, expected_batch=4.0, clip_norm=0.055),
-        train=TrainConfig(arm="dp-grpo", steps=16, group_size=4, max_new_tokens=96,
+        privacy=PrivacyConfig(epsilon=8.0, expected_batch=2.0, clip_norm=0.055),
+        train=TrainConfig(arm="dp-grpo", steps=12, group_size=4, max_new_tokens=96,
                           checkpoint_every=4),
     )

@@ -41,12 +41,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dpgrpo.config import ARMS, RunConfig, apply_overrides, config_from_dict, embedded_default
+from dpgrpo.config import (ARMS, RunConfig, apply_overrides, config_from_dict, embedded_default,
+                           read_toml)
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
@@ -176,12 +176,7 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
     if path is None:
         return apply_overrides(embedded_default(), list(overrides)), {}
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML ({err})") from None
+    data = read_toml(path)
     table = data.pop("protocol", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [protocol] must be a table")
