@@ -32,7 +32,8 @@ def test_slots_follow_limit_canaries_and_n_slots():
 
 
 def test_row_uses_default_delta_and_the_given_sigma():
-    cfg = apply_overrides(embedded_default(), ["data.limit=40", "audit.canaries=5", "privacy.expected_batch=4",
+    cfg = apply_overrides(embedded_default(), ["data.limit=40", "audit.canaries=5",
+                                               "privacy.expected_batch=4",
                                                "privacy.noise_multiplier=1.0", "train.steps=2"])
     row = resolve_budget(cfg, "tiny")
     expected = compute_epsilon(45, 4, 2, 1.0, 1 / 450)
