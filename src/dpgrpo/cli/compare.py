@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from dpgrpo.evaluation import stats
+from dpgrpo.evaluation import defaults as stats  # constants only: scipy loads on use
 
 
 def _split_labels(values: Optional[List[str]]) -> list[str] | None:

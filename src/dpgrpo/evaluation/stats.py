@@ -29,9 +29,11 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats as _sps
 
-DEFAULT_BOOTSTRAP_DRAWS = 100_000
-DEFAULT_SIGN_DRAWS = 1_000_000
-DEFAULT_SEED = 20_240_917          # fixed and recorded with every result (Appendix C-C)
+from dpgrpo.evaluation.defaults import (  # noqa: E402
+    DEFAULT_BOOTSTRAP_DRAWS,
+    DEFAULT_SEED,
+    DEFAULT_SIGN_DRAWS,
+)
 _CHUNK_CELLS = 1 << 22             # cells per random chunk: bounds memory to ~32 MiB per array
 
 
