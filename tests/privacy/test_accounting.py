@@ -128,3 +128,23 @@ def test_round_event_validation():
         RoundEvent(0.5, -1.0)
     with pytest.raises(PrivacyBudgetError):
         RoundEvent(0.5, 1.0, 0)
+
+
+def test_calibration_survives_a_dead_helper_process(monkeypatch):
+    from dpgrpo.privacy import calibration
+
+    def dead(self):
+        raise OSError("accounting worker exited")
+
+    monkeypatch.setattr(calibration._ExactWorker, "result", dead)
+    original = calibration._coarse_root
+
+    def expensive(s):  # force the parallel path, whatever the machine's speed
+        out = original(s)
+        s.fine_cost_estimate = 10.0
+        return out
+
+    monkeypatch.setattr(calibration, "_coarse_root", expensive)
+    cal = calibration.calibrate(2000, 40, 10, 2.0)
+    assert cal.epsilon <= 2.0 < cal.epsilon_below
+    assert cal.sigma == calibration.calibrate(2000, 40, 10, 2.0, parallel=False).sigma
