@@ -158,6 +158,7 @@ def test_every_arm_trains(tiny_model_dir, tmp_path, arm):
         assert math.isinf(cert["epsilon"]) and cert["private"] is False and not cert["releasable"]
     else:
         assert cert["epsilon"] == pytest.approx(compute_epsilon(40, 4, 2, 1.0, 1 / 400).epsilon)
+        assert "Corollary 2" in cert["shared_budget"] and "sigma = 1," in cert["shared_budget"]
 
 
 def test_sigma_is_calibrated_from_epsilon(tiny_model_dir, tmp_path):

@@ -219,6 +219,10 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
+        "shared_budget": ("every arm (dp-grpo, zero-advantage, ladder, filtered-sft, gold-sft) run "
+                          f"with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
+                          f"T = {cfg.train.steps} and delta = {run.delta:.6g} has exactly this "
+                          "epsilon: only the per-record gradient differs (Corollary 2)"),
     }
     if cfg.private and math.isfinite(eps):
         cert["replace_one"] = dict(zip(("epsilon", "delta"), replace_one(eps, run.delta)))
