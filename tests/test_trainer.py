@@ -215,3 +215,17 @@ def test_bfloat16_base_keeps_fp32_update_arithmetic(tiny_model_dir, tmp_path):
     lora = _adapter(tmp_path / "run")
     assert cert["rounds_charged"] == 2
     assert all(v.dtype == torch.float32 for v in lora.values())
+
+
+def test_eval_a_trained_run_by_its_directory(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from dpgrpo.cli import app
+
+    train(tiny_config(tiny_model_dir, "train.steps=1", "train.checkpoint_every=1"), tmp_path / "run")
+    out = CliRunner().invoke(app, ["eval", "--run", str(tmp_path / "run"), "--limit", "3",
+                                   "--max-new-tokens", "4", "--out", str(tmp_path / "eval")])
+    assert out.exit_code == 0, out.output
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["arm"] == "dp-grpo" and summary["task"] == "arithmetic" and summary["n"] == 3
+    assert summary["adapter"] and "release" in summary["adapter"]

@@ -12,11 +12,30 @@ TASK_HELP = "arithmetic, gsm8k, math, csqa or svamp."
 DATA_HELP = "Folder holding the benchmark files (e.g. ../shared/data)."
 
 
+def _from_run(run: Path) -> tuple[str, str, Path, str, Optional[str]]:
+    """(model, task, adapter dir, arm, data_dir) of a training run's public release."""
+    import json
+
+    from dpgrpo.errors import DataError
+
+    path = run / "release" / "config.json"
+    try:
+        config = json.loads(path.read_text())
+        return (config["model"]["name"], config["data"]["task"], run / "release",
+                config["train"]["arm"], config["data"].get("data_dir"))
+    except FileNotFoundError:
+        raise DataError("not a dpgrpo run (no release/config.json)", path=str(path)) from None
+    except (KeyError, TypeError, json.JSONDecodeError) as err:
+        raise DataError(f"unreadable release config ({err})", path=str(path)) from None
+
+
 def eval_cmd(
-    task: str = typer.Option(..., "--task", help=TASK_HELP),
-    model: str = typer.Option(
-        ..., "--model", help="Alias (smollm2-135m), model folder, .gguf or hub id."),
+    task: Optional[str] = typer.Option(None, "--task", help=TASK_HELP),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Alias (smollm2-135m), model folder, .gguf or hub id."),
     out: Path = typer.Option(..., "--out", help="Folder for predictions.jsonl and summary.json."),
+    run: Optional[Path] = typer.Option(
+        None, "--run", help="A training run: model, task, adapter and arm from its release/."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_HELP),
     split: str = typer.Option("eval", "--split", help="Split to evaluate."),
     adapter: Optional[Path] = typer.Option(
@@ -42,8 +61,16 @@ def eval_cmd(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+    from dpgrpo.errors import ConfigError
     from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
 
+    if run is not None:
+        run_model, run_task, run_adapter, run_arm, run_data = _from_run(run)
+        model, task = model or run_model, task or run_task
+        adapter, arm = adapter or run_adapter, arm or run_arm
+        data_dir = data_dir or (Path(run_data) if run_data else None)
+    if task is None or model is None:
+        raise ConfigError("give --task and --model, or --run RUN_DIR")
     settings = EvalSettings(task=task, model=model, out_dir=out, data_dir=data_dir, split=split,
                             adapter=adapter, limit=limit, batch_size=batch_size,
                             max_new_tokens=max_new_tokens, dtype=dtype, device=device, arm=arm,
