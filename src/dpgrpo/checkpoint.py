@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,9 @@ def write_release(release_dir: Path, *, model: Any, config: dict[str, Any],
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".release-"))
     try:
-        model.save_pretrained(str(tmp))
+        with warnings.catch_warnings():  # PEFT looks for the base's config.json to compare
+            warnings.filterwarnings("ignore", message="Could not find a config file")
+            model.save_pretrained(str(tmp))
         atomic_write_json(tmp / "config.json", config)
         atomic_write_json(tmp / "certificate.json", certificate)
         atomic_write_text(tmp / "README.md", _release_readme(certificate))

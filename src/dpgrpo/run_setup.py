@@ -186,6 +186,8 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     lora = LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
                         target_modules=tuple(m.target_modules))
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
+    for peft_config in getattr(policy.model, "peft_config", {}).values():
+        peft_config.base_model_name_or_path = m.name  # public name, not a local cache path
     policy.model.train()
     if ctx.active:  # distinct dropout masks per rank from here on
         torch.manual_seed(init_seed + 7919 * ctx.rank)
