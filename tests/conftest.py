@@ -32,3 +32,33 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from dpgrpo.testing import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+TINY_PROTOCOL_TOML = """
+[model]
+name = "{model}"
+device = "cpu"
+[data]
+limit = 40
+[privacy]
+expected_batch = 4
+noise_multiplier = 1.0
+[train]
+steps = 2
+group_size = 2
+max_new_tokens = 4
+checkpoint_every = 1
+[protocol]
+seeds = 2
+eval_limit = 10
+draws = 400
+sign_draws = 400
+"""
+
+
+@pytest.fixture
+def tiny_protocol_toml(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """A protocol config for the tiny model: 40 prompts, 2 rounds, G = 2, 2 seeds, 10 evals."""
+    path = tmp_path / "tiny-protocol.toml"
+    path.write_text(TINY_PROTOCOL_TOML.format(model=tiny_model_dir))
+    return path

@@ -23,42 +23,14 @@ from dpgrpo.protocol import (
     run_protocol,
 )
 
-TINY = """
-[model]
-name = "{model}"
-device = "cpu"
-[data]
-limit = 40
-[privacy]
-expected_batch = 4
-noise_multiplier = 1.0
-[train]
-steps = 2
-group_size = 2
-max_new_tokens = 4
-checkpoint_every = 1
-[protocol]
-seeds = 2
-eval_limit = 10
-draws = 400
-sign_draws = 400
-"""
-
-
-def write_tiny_config(tmp_path: Path, model_dir: Path) -> Path:
-    path = tmp_path / "tiny-protocol.toml"
-    path.write_text(TINY.format(model=model_dir))
-    return path
-
-
 def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_protocol_end_to_end_two_seeds(tiny_model_dir, tmp_path):
+def test_protocol_end_to_end_two_seeds(tiny_protocol_toml, tmp_path):
     from dpgrpo.trainer import train
 
-    cfg, table = load_protocol_config(write_tiny_config(tmp_path, tiny_model_dir))
+    cfg, table = load_protocol_config(tiny_protocol_toml)
     plan = plan_protocol(cfg, protocol_settings(table), tmp_path / "out")
     names = [f"{a}-seed{k}" for a in PRIMARY_ARMS for k in (1, 2)]
     assert [r.name for r in plan.runs] == names and plan.n_eval == 10

@@ -14,27 +14,6 @@ from dpgrpo.errors import ConfigError
 
 GSM8K_SIGMA = 0.5196564674377442  # Table VII: GSM8K and CSQA, all arms
 
-TINY = """
-[model]
-name = "{model}"
-device = "cpu"
-[data]
-limit = 40
-[privacy]
-expected_batch = 4
-noise_multiplier = 1.0
-[train]
-steps = 2
-group_size = 2
-max_new_tokens = 4
-[protocol]
-seeds = 2
-eval_limit = 10
-draws = 400
-sign_draws = 400
-"""
-
-
 def _invoke(*args: str):
     return CliRunner().invoke(app, list(args))
 
@@ -62,9 +41,8 @@ def test_privacy_report_calibrates_the_gsm8k_setting(tmp_path: Path) -> None:
         bad.exception)
 
 
-def test_protocol_command_runs_resumes_and_reports(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cfg = tmp_path / "tiny.toml"
-    cfg.write_text(TINY.format(model=tiny_model_dir))
+def test_protocol_command_runs_resumes_and_reports(tiny_protocol_toml: Path, tmp_path: Path) -> None:
+    cfg = tiny_protocol_toml
     out = tmp_path / "protocol"
     args = ["protocol", "--config", str(cfg), "--seeds", "2", "--arms", "dp-grpo",
             "--non-private", "--eval-limit", "6", "--no-figures", "--out", str(out)]
