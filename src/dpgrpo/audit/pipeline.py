@@ -100,14 +100,12 @@ def read_candidates(spec: str | Path, *, data_dir: str | Path | None = None
     """
     path = Path(spec)
     if path.is_file():
+        from dpgrpo.tasks.records import read_jsonl
+
         out = []
-        for i, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"invalid JSON: {err}", path=str(path), line=i) from None
+        for i, row in read_jsonl(path):
+            if isinstance(row, DataError):
+                raise row
             out.append((_problem(row, str(path), i), row.get("task")))
         return out
     match = _SPLIT_SPEC.match(str(spec))

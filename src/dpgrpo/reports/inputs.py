@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.tasks.records import read_jsonl
 
 _SEED_IN_NAME = re.compile(r"^(?P<arm>.+?)[-_.]?seed[-_]?(?P<seed>\d+)$")
 
@@ -92,26 +93,21 @@ def read_predictions(path: Path) -> tuple[tuple[str, ...], dict[str, np.ndarray]
     tokens: list[int] = []
     caps: list[bool] = []
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for line_no, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(f"invalid JSON ({err.msg})", path=str(path), line=line_no) from err
-            pid, correct, n_tok, cap = _parse_line(obj, path, line_no)
-            if pid in seen:
-                raise DataError(f"duplicate problem id {pid!r} (first on line {seen[pid]})",
-                                path=str(path), line=line_no, field="id")
-            if rows and set(correct) != set(rows[0]):
-                raise DataError(f"scorers {sorted(correct)} differ from line 1's {sorted(rows[0])}",
-                                path=str(path), line=line_no, field="scores")
-            seen[pid] = line_no
-            ids.append(pid)
-            rows.append(correct)
-            tokens.append(n_tok)
-            caps.append(cap)
+    for line_no, obj in read_jsonl(Path(path)):
+        if isinstance(obj, DataError):
+            raise obj
+        pid, correct, n_tok, cap = _parse_line(obj, path, line_no)
+        if pid in seen:
+            raise DataError(f"duplicate problem id {pid!r} (first on line {seen[pid]})",
+                            path=str(path), line=line_no, field="id")
+        if rows and set(correct) != set(rows[0]):
+            raise DataError(f"scorers {sorted(correct)} differ from line 1's {sorted(rows[0])}",
+                            path=str(path), line=line_no, field="scores")
+        seen[pid] = line_no
+        ids.append(pid)
+        rows.append(correct)
+        tokens.append(n_tok)
+        caps.append(cap)
     if not ids:
         raise DataError("no predictions", path=str(path))
     correct_by = {s: np.array([r[s] for r in rows], dtype=bool) for s in rows[0]}
