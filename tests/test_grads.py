@@ -100,10 +100,10 @@ def test_fast_equals_reference_with_padding(policy, tok):
     assert all(p.grad is None for p in policy.parameters())
 
 
-def test_prompts_per_pass_and_dispatch(policy, tok):
+def test_rows_per_pass_and_dispatch(policy, tok):
     batch = make_batch(policy, tok, torch.tensor([[1., 0, 1], [0, 0, 1], [1, 0, 0]]))
     one = per_prompt_grads_fast(policy, GRPOObjective(), batch)
-    split = per_prompt_grads_fast(policy, GRPOObjective(), batch, prompts_per_pass=2)
+    split = per_prompt_grads_fast(policy, GRPOObjective(), batch, rows_per_pass=2)
     assert _max_abs(one, split) <= 1e-12
     via = per_prompt_grads(policy, GRPOObjective(), batch, method="reference", chunk_size=2)
     assert _max_abs(one, via) <= 1e-12
@@ -123,7 +123,7 @@ def test_rollout_chunked_backward_identity(policy, tok, chunk):
         for name in grad_full:
             torch.testing.assert_close(grad_chunk[name], grad_full[name], rtol=1e-10,
                                        atol=1e-12)
-    chunked = per_prompt_grads_reference(policy, obj, batch, chunk_size=chunk)
+    chunked = per_prompt_grads_reference(policy, obj, batch, rows_per_pass=chunk)
     fast = per_prompt_grads_fast(policy, obj, batch)
     for name in fast:
         torch.testing.assert_close(chunked[name], fast[name], rtol=1e-10, atol=1e-12)

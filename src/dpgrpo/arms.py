@@ -33,6 +33,11 @@ class Arm:
     objective: Any
     run: Any
 
+    @property
+    def cap(self) -> int:
+        """The completion cap (public): ``train.max_new_tokens`` or the task's default."""
+        return self.run.config.train.max_new_tokens or self.run.task.default_max_new_tokens
+
     def batch(self, records: list[tuple[Any, Any]], generator: torch.Generator
               ) -> tuple[TrainBatch, dict[str, float]]:
         """Build this round's TrainBatch from the sampled (task, problem) records."""
@@ -44,16 +49,18 @@ class Arm:
             return build_filtered_sft_batch(rollouts, rewards), info
         cfg = self.run.config.train
         adv = compute_advantages(rewards, ADVANTAGE_MODE[self.name], generator=generator)
-        ref = reference_logprobs(self.run.model, rollouts) if cfg.beta > 0 else None
+        ref = (reference_logprobs(self.run.model, rollouts,
+                                  batch_size=cfg.rows_per_pass(self.cap))
+               if cfg.beta > 0 else None)
         return build_grpo_batch(rollouts, rewards, adv, ref), info
 
     def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator, *,
                   base: bool) -> tuple[Any, torch.Tensor]:
-        cfg, run = self.run.config.train, self.run
+        cfg, run, cap = self.run.config.train, self.run, self.cap
         messages = [task.prompt(problem) for task, problem in records]
-        cap = cfg.max_new_tokens or run.task.default_max_new_tokens
         kwargs = dict(group_size=cfg.group_size, temperature=cfg.temperature, max_new_tokens=cap,
-                      generator=generator, batch_size=cfg.rollout_batch_size)
+                      generator=generator, batch_size=cfg.rollout_rows(cap),
+                      isolated=cfg.rollout_isolation == "isolated")
         if base:  # filtered SFT samples from the public base policy
             with run.model.disable_adapter():
                 rollouts = generate(run.model, run.policy.tokenizer, messages, **kwargs)

@@ -37,6 +37,7 @@ class ModelConfig:
     lora_dropout: float = 0.05
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                        "up_proj", "down_proj")
+    gradient_checkpointing: bool = False  # recompute decoder layers in backward (less memory)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -99,10 +100,29 @@ class TrainConfig:
     learning_rate: float = 3e-4
     weight_decay: float = 0.0
     grad_method: str = "fast"  # or "reference" (one backward per prompt)
-    chunk_size: int | None = None  # reference method: completions per backward
-    rollout_batch_size: int | None = None  # prompts x G rows per generate call
+    chunk_size: int | None = None  # rows of one prompt per backward (default: from the budget)
+    rollout_batch_size: int | None = None  # rows per generate call (default: 16 passes' rows)
     checkpoint_every: int = 10
     clip_nonprivate: bool = True  # non-private arm: keep clipping at C
+    # Memory budget of one forward/backward pass, counted in completion-cap tokens: a pass holds
+    # rows_per_pass = max(1, max_tokens_per_pass // cap) rows of ONE prompt. Public: it never
+    # depends on the data, and results depend on it only through summation order.
+    max_tokens_per_pass: int = 4096
+    rollout_isolation: str = "batched"  # or "isolated": one generate call per prompt
+
+    def rows_per_pass(self, cap: int) -> int:
+        """Rows per training/reference pass for completion cap ``cap`` (public values only):
+        ``chunk_size`` if set, else ``max(1, max_tokens_per_pass // cap)``."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        return max(1, self.max_tokens_per_pass // max(1, cap))
+
+    def rollout_rows(self, cap: int) -> int:
+        """Rows per generate call: ``rollout_batch_size`` if set, else 16 passes' worth, in
+        whole groups of G."""
+        if self.rollout_batch_size is not None:
+            return self.rollout_batch_size
+        return max(self.group_size, 16 * self.rows_per_pass(cap) // self.group_size * self.group_size)
 
     def __post_init__(self) -> None:
         if self.arm not in ARMS:
@@ -116,6 +136,14 @@ class TrainConfig:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
         if self.beta < 0 or self.temperature < 0:
             raise ConfigError("train.beta and train.temperature must be >= 0")
+        if self.max_tokens_per_pass < 1:
+            raise ConfigError(f"train.max_tokens_per_pass must be >= 1, got {self.max_tokens_per_pass}")
+        for name in ("chunk_size", "rollout_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.rollout_isolation not in ("batched", "isolated"):
+            raise ConfigError("train.rollout_isolation must be 'batched' or 'isolated', "
+                              f"not {self.rollout_isolation!r}")
 
 
 @dataclass(frozen=True)

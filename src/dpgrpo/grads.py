@@ -6,17 +6,24 @@ a per-completion gradient. Results map each trainable parameter name to a tensor
 ``(B, *param.shape)`` in fp32 (fp64 for fp64 parameters); ``privacy.mechanism`` is the only
 place where prompts are combined. Parameters' ``.grad`` fields are never touched.
 
+Every forward/backward pass holds rows of ONE prompt only, at most ``rows_per_pass`` of them
+(a public setting), on those rows' own columns (:meth:`TrainBatch.window`). A prompt's gradient
+is therefore computed from that prompt's rows alone, with shapes fixed by its own data and the
+public configuration: adding or removing a batch-mate, however long, leaves it bit-identical
+(assumption A2, checked by ``dpgrpo verify``'s ``batchmate_isolation``). Row chunks are
+accumulated before anything else happens ("rollout-chunked backward identity", Appendix B).
+Memory is set by ``rows_per_pass``, never by the number of prompts in the round.
+
 Two implementations that agree up to floating-point summation order:
 
-* :func:`per_prompt_grads_reference`: one backward per prompt (Algorithm 1, line 6),
-  optionally chunked over that prompt's rows; the chunks are accumulated before anything else
-  happens, and the per-prompt row weights make the chunk sum exact (Appendix B, "Rollout-chunked
-  backward identity").
-* :func:`per_prompt_grads_fast`: one forward/backward over the whole batch of the summed
-  per-prompt losses. Hooks on the LoRA ``lora_A`` / ``lora_B`` linear layers capture each
-  layer's input and output gradient and form, inside the backward, each prompt's weight
-  gradient ``sum over its rows and tokens of grad_out (x) input``. Since no loss term mixes
-  prompts, the gradient that reaches prompt i's rows is exactly that of prompt i's loss.
+* :func:`per_prompt_grads_reference`: ``torch.autograd.grad`` with respect to the parameters
+  (Algorithm 1, line 6).
+* :func:`per_prompt_grads_fast` (default): hooks on the PEFT LoRA layers form each weight
+  gradient ``sum over tokens of grad_out (x) input`` inside the backward, with the LoRA
+  parameters frozen during the pass so autograd saves none of their inputs. The hooks keep the
+  layer's *original* input (shared by q/k/v, gate/up) and LoRA dropout's boolean mask, and
+  rebuild the dropped, upcast input when the gradient arrives: no per-layer fp32 copy of the
+  activations lives until backward (a bf16 model would otherwise keep one per adapted layer).
 """
 
 from __future__ import annotations
@@ -27,10 +34,9 @@ import torch
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.objectives import Objective, TrainBatch
+from dpgrpo.objectives.grpo import prompt_row_chunks
 
 PerPromptGrads = dict[str, torch.Tensor]   # name -> (B, *param.shape)
-
-_LORA_PARTS = ("lora_A", "lora_B")
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -48,9 +54,13 @@ def _zeros(params: dict[str, torch.nn.Parameter], num_prompts: int) -> PerPrompt
 
 
 def _weighted_loss(objective: Objective, model: torch.nn.Module, batch: TrainBatch,
-                   rows: slice, weights: torch.Tensor) -> torch.Tensor:
+                   rows: slice) -> torch.Tensor:
+    """sum over ``rows`` (all of one prompt) of row_weight * row_loss: part of Eq. (7)."""
+    r = batch.rows_per_prompt
+    prompt, first = divmod(rows.start, r)
+    weights = batch.row_weights[prompt, first:first + (rows.stop - rows.start)]
     losses = objective.row_losses(model, batch, rows)                     # (n,)
-    return (losses * weights.reshape(-1).to(losses)).sum()
+    return (losses * weights.to(losses)).sum()
 
 
 def prompt_gradient(model: torch.nn.Module, objective: Objective, batch: TrainBatch,
@@ -61,19 +71,16 @@ def prompt_gradient(model: torch.nn.Module, objective: Objective, batch: TrainBa
     Returns the detached scalar loss and name -> (*param.shape) gradients, accumulated over
     all chunks (clipping, if any, comes after this).
     """
+    if chunk_size is not None and chunk_size < 1:
+        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
     params = trainable_parameters(model)
     r = batch.rows_per_prompt
-    step = chunk_size or r
-    if step < 1:
-        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
-    start = batch.prompt_rows(prompt).start
     grads = {n: torch.zeros(p.shape, dtype=_acc_dtype(p), device=p.device)
              for n, p in params.items()}
     total: torch.Tensor | None = None
-    for c in range(0, r, step):
-        rows = slice(start + c, start + min(c + step, r))
-        loss = _weighted_loss(objective, model, batch, rows,
-                              batch.row_weights[prompt, c:c + step])
+    for rows in prompt_row_chunks(r, r, chunk_size):
+        rows = slice(prompt * r + rows.start, prompt * r + rows.stop)
+        loss = _weighted_loss(objective, model, batch, rows)
         total = loss.detach() if total is None else total + loss.detach()
         if not loss.requires_grad:
             continue
@@ -87,107 +94,193 @@ def prompt_gradient(model: torch.nn.Module, objective: Objective, batch: TrainBa
 
 def per_prompt_grads_reference(model: torch.nn.Module, objective: Objective,
                                batch: TrainBatch, *,
-                               chunk_size: int | None = None) -> PerPromptGrads:
-    """One backward per prompt (Algorithm 1, line 6): name -> (B, *param.shape)."""
+                               rows_per_pass: int | None = None) -> PerPromptGrads:
+    """One backward per prompt and row chunk (Algorithm 1, line 6): name -> (B, *shape)."""
     out = _zeros(trainable_parameters(model), batch.num_prompts)
     for i in range(batch.num_prompts):
-        _, grads = prompt_gradient(model, objective, batch, i, chunk_size=chunk_size)
+        _, grads = prompt_gradient(model, objective, batch, i, chunk_size=rows_per_pass)
         for name, g in grads.items():
             out[name][i] = g
     return out
 
 
-class _PerPromptHooks:
-    """Forward/backward hooks on the LoRA linears that accumulate per-prompt weight grads."""
+# --- the fast path: LoRA hooks ---------------------------------------------------------------
+
+class _MaskedScale(torch.autograd.Function):
+    """x * mask * scale with a boolean mask saved for backward (1 byte per entry)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        return x * mask * scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        (mask,) = ctx.saved_tensors
+        return grad * mask * ctx.scale, None, None
+
+
+class _RecordingDropout(torch.nn.Module):
+    """LoRA dropout that tells the hooks its mask instead of leaving a dropped copy behind."""
+
+    def __init__(self, p: float, record: Callable[[torch.Tensor | None], None]) -> None:
+        super().__init__()
+        self.p, self.record = p, record
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            self.record(None)
+            return x
+        mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - self.p)
+        self.record(mask)
+        return _MaskedScale.apply(x, mask, 1.0 / (1.0 - self.p))
+
+
+def _is_lora_layer(module: torch.nn.Module) -> bool:
+    return (isinstance(getattr(module, "lora_A", None), torch.nn.ModuleDict)
+            and hasattr(module, "base_layer"))
+
+
+class _LoraHooks:
+    """While active: LoRA parameters frozen, dropout recorded, per-prompt weight grads formed
+    in backward hooks into ``out[name][target]`` (``target`` = the prompt of the pass)."""
 
     def __init__(self, model: torch.nn.Module, params: dict[str, torch.nn.Parameter],
-                 out: PerPromptGrads, rows_per_prompt: int) -> None:
-        self.out, self.rows_per_prompt = out, rows_per_prompt
-        self.offset, self.count = 0, 0
+                 out: PerPromptGrads) -> None:
+        self.out, self.params, self.target = out, params, 0
         self.handles: list[Any] = []
+        self.swapped: list[tuple[torch.nn.ModuleDict, str, torch.nn.Module]] = []
         self.embed_out: list[torch.Tensor] = []
+        self.stash: dict[int, dict[str, Any]] = {}
         covered: set[str] = set()
-        for mname, module in model.named_modules():
-            parts = mname.split(".")
-            if not isinstance(module, torch.nn.Linear) or not any(p in parts for p in _LORA_PARTS):
-                continue
-            names = {k: f"{mname}.{k}" for k in ("weight", "bias")
-                     if getattr(module, k, None) is not None and f"{mname}.{k}" in params}
-            if names:
-                covered.update(names.values())
-                self.handles.append(module.register_forward_hook(self._forward(names)))
-        missing = sorted(set(params) - covered)
-        if missing:
+        try:
+            for mname, module in model.named_modules():
+                if _is_lora_layer(module):
+                    covered |= self._wrap(mname, module)
+            missing = sorted(set(params) - covered)
+            if missing:
+                raise ConfigError(
+                    "per_prompt_grads_fast covers only PEFT LoRA lora_A/lora_B weights; these "
+                    f"trainable parameters have no per-prompt hook: {missing[:5]}"
+                    f"{' ...' if len(missing) > 5 else ''}. Use grad_method = 'reference'.")
+            embed = model.get_input_embeddings()
+            self.handles.append(embed.register_forward_hook(self._embed_hook))
+            for p in params.values():
+                p.requires_grad_(False)
+        except BaseException:
             self.remove()
-            raise ConfigError(
-                "per_prompt_grads_fast covers only LoRA lora_A/lora_B linear layers; these "
-                f"trainable parameters have no per-prompt hook: {missing[:5]}"
-                f"{' ...' if len(missing) > 5 else ''}. Use per_prompt_grads_reference.")
-        embed = model.get_input_embeddings()
-        self.handles.append(embed.register_forward_hook(self._embed_hook))
+            raise
+
+    def _wrap(self, mname: str, module: torch.nn.Module) -> set[str]:
+        covered: set[str] = set()
+        slot: dict[str, Any] = {}
+        self.stash[id(module)] = slot
+        self.handles.append(module.register_forward_pre_hook(
+            lambda mod, args: slot.__setitem__("x", args[0])))
+        for adapter, lora_a in module.lora_A.items():
+            lora_b = module.lora_B[adapter]
+            names_a = self._names(f"{mname}.lora_A.{adapter}", lora_a)
+            names_b = self._names(f"{mname}.lora_B.{adapter}", lora_b)
+            if not (names_a or names_b):
+                continue
+            covered |= set(names_a.values()) | set(names_b.values())
+            dropout = module.lora_dropout[adapter]
+            p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
+            if not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
+                raise ConfigError(f"unsupported LoRA dropout {type(dropout).__name__} in {mname}")
+            recorder = _RecordingDropout(p, lambda m, s=slot: s.__setitem__("mask", m))
+            recorder.train(dropout.training)
+            self.swapped.append((module.lora_dropout, adapter, dropout))
+            module.lora_dropout[adapter] = recorder
+            scale = 1.0 / (1.0 - p) if p > 0 else 1.0
+            self.handles.append(lora_a.register_forward_hook(self._hook_a(names_a, slot, scale)))
+            self.handles.append(lora_b.register_forward_hook(self._hook_b(names_b)))
+        return covered
+
+    def _names(self, prefix: str, layer: torch.nn.Module) -> dict[str, str]:
+        return {k: f"{prefix}.{k}" for k in ("weight", "bias")
+                if getattr(layer, k, None) is not None and f"{prefix}.{k}" in self.params}
 
     def _embed_hook(self, module: torch.nn.Module, args: Any, output: torch.Tensor
                     ) -> torch.Tensor:
         # A leaf that requires grad: backward reaches every LoRA layer through the
-        # activations, while torch.autograd.grad never computes the summed weight grads.
+        # activations, while no parameter gradient is ever formed by autograd.
         leaf = output.detach().requires_grad_(True)
         self.embed_out.append(leaf)
         return leaf
 
-    def _forward(self, names: dict[str, str]) -> Callable[..., None]:
+    def _hook_a(self, names: dict[str, str], slot: dict[str, Any], scale: float
+                ) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
             if not torch.is_grad_enabled() or not output.requires_grad:
                 return
-            saved = {"x": args[0]}
+            saved = {"x": slot.get("x"), "mask": slot.get("mask"), "target": self.target}
+            dtype = module.weight.dtype
 
             def backward_hook(grad_out: torch.Tensor) -> None:
-                self._accumulate(names, saved.pop("x"), grad_out)   # frees the input early
+                x, mask = saved.pop("x"), saved.pop("mask")
+                x = x.to(dtype)
+                if mask is not None:
+                    x = x * mask * scale                                     # dropped input
+                self._accumulate(names, saved["target"], x, grad_out)
 
             output.register_hook(backward_hook)
         return hook
 
-    def _accumulate(self, names: dict[str, str], x: torch.Tensor, grad_out: torch.Tensor
-                    ) -> None:
-        b = self.count
-        weight = self.out[names["weight"]] if "weight" in names else None
-        dtype = (weight if weight is not None else self.out[names["bias"]]).dtype
-        xb = x.reshape(b, -1, x.shape[-1]).to(dtype)                    # (B, R*L, d_in)
-        gb = grad_out.reshape(b, -1, grad_out.shape[-1]).to(dtype)      # (B, R*L, d_out)
-        sl = slice(self.offset, self.offset + b)
-        if weight is not None:
-            weight[sl].baddbmm_(gb.transpose(1, 2), xb)                 # (B, d_out, d_in)
+    def _hook_b(self, names: dict[str, str]) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+            if not torch.is_grad_enabled() or not output.requires_grad:
+                return
+            saved = {"x": args[0], "target": self.target}
+
+            def backward_hook(grad_out: torch.Tensor) -> None:
+                self._accumulate(names, saved["target"], saved.pop("x"), grad_out)
+
+            output.register_hook(backward_hook)
+        return hook
+
+    def _accumulate(self, names: dict[str, str], target: int, x: torch.Tensor,
+                    grad_out: torch.Tensor) -> None:
+        first = self.out[next(iter(names.values()))]
+        xf = x.reshape(-1, x.shape[-1]).to(first.dtype)                    # (tokens, d_in)
+        gf = grad_out.reshape(-1, grad_out.shape[-1]).to(first.dtype)     # (tokens, d_out)
+        if "weight" in names:
+            self.out[names["weight"]][target].addmm_(gf.T, xf)            # (d_out, d_in)
         if "bias" in names:
-            self.out[names["bias"]][sl] += gb.sum(dim=1)                # (B, d_out)
+            self.out[names["bias"]][target] += gf.sum(dim=0)              # (d_out,)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        for container, adapter, original in self.swapped:
+            container[adapter] = original
+        self.swapped.clear()
+        for p in self.params.values():
+            p.requires_grad_(True)
+        self.stash.clear()
 
 
 def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: TrainBatch,
-                          *, prompts_per_pass: int | None = None) -> PerPromptGrads:
-    """One forward/backward for the whole batch, split by prompt in LoRA hooks.
+                          *, rows_per_pass: int | None = None) -> PerPromptGrads:
+    """Per-prompt gradients through LoRA hooks: name -> (B, *param.shape).
 
-    Returns name -> (B, *param.shape). ``prompts_per_pass`` bounds memory by running several
-    passes over disjoint sets of whole prompts (default: one pass). Raises ConfigError if a
-    trainable parameter is not a LoRA linear weight (no hook could split its gradient).
+    One forward/backward per prompt and chunk of at most ``rows_per_pass`` of its rows.
+    Raises ConfigError if a trainable parameter is not a PEFT LoRA weight (no hook could
+    split its gradient).
     """
     params = trainable_parameters(model)
     b, r = batch.num_prompts, batch.rows_per_prompt
     out = _zeros(params, b)
     if b == 0 or r == 0:
         return out
-    step = prompts_per_pass or b
-    hooks = _PerPromptHooks(model, params, out, r)
+    hooks = _LoraHooks(model, params, out)
     try:
-        for start in range(0, b, step):
-            count = min(step, b - start)
-            hooks.offset, hooks.count = start, count
+        for rows in prompt_row_chunks(batch.num_rows, r, rows_per_pass):
+            hooks.target = rows.start // r
             hooks.embed_out.clear()
-            rows = slice(start * r, (start + count) * r)
-            loss = _weighted_loss(objective, model, batch, rows,
-                                  batch.row_weights[start:start + count])   # sum of prompts
+            loss = _weighted_loss(objective, model, batch, rows)
             if loss.requires_grad:
                 torch.autograd.grad(loss, hooks.embed_out)
             hooks.embed_out.clear()
@@ -197,12 +290,17 @@ def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: T
 
 
 def per_prompt_grads(model: torch.nn.Module, objective: Objective, batch: TrainBatch, *,
-                     method: str = "fast", chunk_size: int | None = None) -> PerPromptGrads:
-    """Dispatch to the ``fast`` path or the per-prompt ``reference`` loop."""
+                     method: str = "fast", rows_per_pass: int | None = None,
+                     chunk_size: int | None = None) -> PerPromptGrads:
+    """Dispatch to the ``fast`` path or the ``reference`` loop (``chunk_size``: old name of
+    ``rows_per_pass``)."""
+    rows = rows_per_pass if rows_per_pass is not None else chunk_size
+    if rows is not None and rows < 1:
+        raise ConfigError(f"rows per pass must be >= 1, got {rows}")
     if method == "fast":
-        return per_prompt_grads_fast(model, objective, batch)
+        return per_prompt_grads_fast(model, objective, batch, rows_per_pass=rows)
     if method == "reference":
-        return per_prompt_grads_reference(model, objective, batch, chunk_size=chunk_size)
+        return per_prompt_grads_reference(model, objective, batch, rows_per_pass=rows)
     raise ConfigError(f"per-prompt gradient method must be 'fast' or 'reference', not {method!r}")
 
 

@@ -265,6 +265,17 @@ def load_policy(name: str, *, lora: LoraSettings = LoraSettings(),
     return Policy(model=model, tokenizer=load_tokenizer(name), name=name)
 
 
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each decoder layer in backward (non-reentrant, RNG state preserved, so LoRA
+    dropout masks repeat): activation memory falls from every layer's to about one layer's.
+    Per-prompt gradients stay exact (the recomputation is deterministic)."""
+    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(lm, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"{type(lm).__name__} does not support gradient checkpointing")
+    lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    lm.config.use_cache = False
+
+
 def load_adapter(name: str, adapter_dir: str | Path, *, dtype: str | torch.dtype = "float32",
                  device: str | torch.device = "cpu", trainable: bool = False) -> Policy:
     """Base model with a saved adapter (a release) applied; frozen unless ``trainable``."""

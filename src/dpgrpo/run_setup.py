@@ -150,7 +150,7 @@ def _slots(config: RunConfig, task: Any, run_dir: Path, ctx: DistContext) -> tup
 
 def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
     """Resolve the public constants, calibrate sigma, load the model and the optimizer."""
-    from dpgrpo.model import LoraSettings, load_policy
+    from dpgrpo.model import LoraSettings, enable_gradient_checkpointing, load_policy
     from dpgrpo.tasks import get_task
 
     ctx = ctx or DistContext()
@@ -186,6 +186,8 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     lora = LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
                         target_modules=tuple(m.target_modules))
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
+    if m.gradient_checkpointing:
+        enable_gradient_checkpointing(policy.model)
     for peft_config in getattr(policy.model, "peft_config", {}).values():
         peft_config.base_model_name_or_path = m.name  # public name, not a local cache path
     policy.model.train()

@@ -83,7 +83,7 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
         batch, info = arm.batch(records, run.rollout_generator())     # lines 4-6 (objective)
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                                  method=config.train.grad_method,
-                                 chunk_size=config.train.chunk_size)  # line 6
+                                 rows_per_pass=config.train.rows_per_pass(arm.cap))  # line 6
         update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,
                                         expected_batch=run.expected_batch, noise=run.noise,
                                         ctx=ctx)                      # lines 7-8

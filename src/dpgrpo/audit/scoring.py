@@ -61,6 +61,8 @@ def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     tokens < t; zero where not scored, and the first real token of a row is never scored), the
     entropy array being ``None`` unless asked for.
     """
+    from dpgrpo.objectives.logprobs import token_logprobs_and_entropy
+
     device = next(model.parameters()).device
     n, length = input_ids.shape
     logp = np.zeros((n, length))
@@ -70,24 +72,14 @@ def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     try:
         for start in range(0, n, batch_size):
             rows = slice(start, start + batch_size)
-            ids = input_ids[rows].to(device)
-            mask = attention_mask[rows].to(device)
-            pos = (mask.long().cumsum(-1) - 1).clamp(min=0)                  # (b, L)
-            with torch.no_grad():
-                logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
             # token t is scored only if some real token precedes it
-            want = (score_mask[rows, 1:].bool() & attention_mask[rows, :-1].bool()).to(device)
-            picked = logits[:, :-1][want].float()                            # (k, V)
-            logprobs = torch.log_softmax(picked, dim=-1)
-            chosen = logprobs.gather(-1, ids[:, 1:][want].unsqueeze(-1)).squeeze(-1)
-            block = torch.zeros(want.shape, dtype=torch.float64, device=device)
-            block[want] = chosen.double()
-            logp[rows, 1:] = block.cpu().numpy()
+            want = torch.zeros_like(score_mask[rows], dtype=torch.bool)
+            want[:, 1:] = score_mask[rows, 1:].bool() & attention_mask[rows, :-1].bool()
+            lp, h = token_logprobs_and_entropy(model, input_ids[rows].to(device),
+                                               attention_mask[rows].to(device), want.to(device))
+            logp[rows] = lp.double().cpu().numpy()
             if ent is not None:
-                h = -(logprobs.exp() * logprobs).sum(-1)
-                block = torch.zeros(want.shape, dtype=torch.float64, device=device)
-                block[want] = h.double()
-                ent[rows, 1:] = block.cpu().numpy()
+                ent[rows] = h.double().cpu().numpy()
     finally:
         model.train(was_training)
     return logp, ent
@@ -96,13 +88,12 @@ def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
 def _completion_logprobs(model: Any, batch: Any, batch_size: int) -> np.ndarray:
     """``(N, L)`` log-probabilities of a rollout's tokens, as training computes them.
 
-    Uses :func:`dpgrpo.objectives.grpo.token_logprobs` (position ids from the attention mask,
-    logits only from the first completion column), so the audit's k3 and likelihood ratio are
-    the quantities of the GRPO objective's KL term (Eq. 3).
+    Uses :func:`dpgrpo.objectives.logprobs.token_logprobs` (position ids from the attention
+    mask, completion tokens only, no full-vocabulary logits), so the audit's k3 and likelihood
+    ratio are the quantities of the GRPO objective's KL term (Eq. 3).
     """
-    from dpgrpo.objectives.grpo import first_loss_column, token_logprobs
+    from dpgrpo.objectives.logprobs import token_logprobs
 
-    first = max(1, first_loss_column(batch.completion_mask))
     device = next(model.parameters()).device
     parts = []
     was_training = model.training
@@ -113,7 +104,8 @@ def _completion_logprobs(model: Any, batch: Any, batch_size: int) -> np.ndarray:
                 rows = slice(start, start + batch_size)
                 parts.append(token_logprobs(model, batch.input_ids[rows].to(device),
                                            batch.attention_mask[rows].to(device),
-                                           first=first).double().cpu())
+                                           mask=batch.completion_mask[rows].to(device)
+                                           ).double().cpu())
     finally:
         model.train(was_training)
     return torch.cat(parts).numpy()

@@ -47,6 +47,22 @@ class TrainBatch:
         """The rows of prompt ``i``."""
         return slice(i * self.rows_per_prompt, (i + 1) * self.rows_per_prompt)
 
+    def columns(self, rows: slice) -> slice:
+        """The columns these rows occupy (their own padding trimmed): a function of these rows
+        alone, so a prompt's computation never depends on how wide its batch-mates are."""
+        used = self.attention_mask[rows].bool().any(dim=0).nonzero()
+        if len(used) == 0:
+            return slice(0, 0)
+        return slice(int(used[0]), int(used[-1]) + 1)
+
+    def window(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                           torch.Tensor | None]:
+        """(input_ids, attention_mask, loss_mask, ref_logprobs) of ``rows``, columns trimmed."""
+        cols = self.columns(rows)
+        ref = None if self.ref_logprobs is None else self.ref_logprobs[rows, cols]
+        return (self.input_ids[rows, cols], self.attention_mask[rows, cols],
+                self.loss_mask[rows, cols], ref)
+
     def to(self, device: torch.device | str) -> TrainBatch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)

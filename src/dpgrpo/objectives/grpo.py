@@ -17,6 +17,7 @@ import torch
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.objectives import TrainBatch, row_weights_uniform
+from dpgrpo.objectives.logprobs import token_logprobs
 
 ADVANTAGE_MODES = ("group", "zero", "shuffled", "positive")
 
@@ -61,29 +62,6 @@ def compute_advantages(rewards: torch.Tensor, mode: str = "group", *,
     return group_advantages(rewards.gather(1, perm), eps)
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
-                   attention_mask: torch.Tensor, *, first: int = 1) -> torch.Tensor:
-    """log pi(token_k | prefix) for k >= ``first``, zeros before; (N, L) -> (N, L).
-
-    Position 0 has no prefix and is always 0. Position ids follow the attention mask, so a
-    left-padded row sees the same positions as when it was generated. Only the logits of
-    positions ``first-1 .. L-2`` are computed (``logits_to_keep``); fp32 or better.
-    """
-    n, length = input_ids.shape
-    first = max(int(first), 1)
-    param = next(model.parameters())
-    out_dtype = torch.promote_types(param.dtype, torch.float32)
-    if n == 0 or first >= length:
-        return torch.zeros((n, length), dtype=out_dtype, device=input_ids.device)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)      # (N, L)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   position_ids=position_ids, logits_to_keep=length - first + 1).logits
-    logits = logits[:, :-1].to(out_dtype)                                    # (N, L-first, V)
-    targets = input_ids[:, first:].unsqueeze(-1)                             # (N, L-first, 1)
-    logp = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(logp, (first, 0))                         # (N, L)
-
-
 def first_loss_column(loss_mask: torch.Tensor) -> int:
     """First column where any row has a loss token (0 if none): logits before it are unused."""
     cols = loss_mask.bool().any(dim=0).nonzero()
@@ -108,50 +86,67 @@ class GRPOObjective:
 
     def row_losses(self, model: torch.nn.Module, batch: TrainBatch,
                    rows: slice) -> torch.Tensor:
-        """(len(rows),) per-completion losses of Eq. (7), before the 1/G row weights."""
+        """(len(rows),) per-completion losses of Eq. (7), before the 1/G row weights.
+
+        The rows are computed on their own columns (:meth:`TrainBatch.window`), so the losses
+        of one prompt's rows do not depend on the widths of other prompts' rows.
+        """
         if batch.advantages is None:
             raise ValueError("GRPOObjective needs batch.advantages (see build_grpo_batch)")
         if self.beta > 0 and batch.ref_logprobs is None:
             raise ValueError("GRPOObjective with beta > 0 needs batch.ref_logprobs")
-        mask = batch.loss_mask[rows]                                          # (n, L)
-        logp = token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows],
-                              first=first_loss_column(mask))                  # (n, L)
+        ids, attn, mask, ref = batch.window(rows)                             # (n, W)
+        logp = token_logprobs(model, ids, attn, mask=mask)                    # (n, W)
         mask = mask.to(logp.dtype)
         adv = batch.advantages.reshape(-1)[rows].to(logp.dtype).unsqueeze(1)  # (n, 1)
-        gain = torch.exp(logp - logp.detach()) * adv                          # (n, L)
+        gain = torch.exp(logp - logp.detach()) * adv                          # (n, W)
         if self.beta > 0:
-            ref = batch.ref_logprobs[rows].to(logp.dtype)                     # (n, L)
-            delta = torch.where(mask > 0, ref - logp, torch.zeros_like(logp))
-            gain = gain - self.beta * (torch.exp(delta) - delta - 1.0)       # Eq. (3)
-        per_token = -gain * mask                                              # (n, L)
+            assert ref is not None
+            kl = k3_kl(logp, torch.where(mask > 0, ref.to(logp.dtype), logp))  # 0 off-mask
+            gain = gain - self.beta * kl                                      # Eq. (3)
+        per_token = -gain * mask                                              # (n, W)
         return per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)          # (n,)
 
 
-def _rows_of(rollouts: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    mask = getattr(rollouts, "completion_mask", None)
+def _layout(rows: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(input_ids, attention_mask, scored-token mask, rows per prompt) of a rollout/train batch."""
+    mask = getattr(rows, "completion_mask", None)
     if mask is None:
-        mask = rollouts.loss_mask
-    return rollouts.input_ids, rollouts.attention_mask, mask
+        mask = rows.loss_mask
+    per_prompt = getattr(rows, "group_size", None) or rows.rows_per_prompt
+    return rows.input_ids, rows.attention_mask, mask, int(per_prompt)
+
+
+def prompt_row_chunks(num_rows: int, rows_per_prompt: int,
+                      rows_per_pass: int | None) -> list[slice]:
+    """Row slices of at most ``rows_per_pass`` rows that never cross a prompt boundary."""
+    step = max(1, min(rows_per_pass or rows_per_prompt, rows_per_prompt))
+    return [slice(p + c, min(p + c + step, p + rows_per_prompt))
+            for p in range(0, num_rows, rows_per_prompt)
+            for c in range(0, rows_per_prompt, step)]
 
 
 def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
                        batch_size: int | None = None) -> torch.Tensor:
     """Reference-policy token log-probs (adapter disabled, no grad): (B*G, L), Eq. (3)'s pi_ref.
 
-    ``rollouts`` is a RolloutBatch or TrainBatch; ``batch_size`` caps rows per forward.
+    ``rollouts`` is a RolloutBatch or TrainBatch. Each forward holds at most ``batch_size`` rows
+    of ONE prompt on that prompt's own columns, so a prompt's reference log-probs are the same
+    bits whichever prompts share its round (record isolation, A2).
     """
-    ids, attn, mask = _rows_of(rollouts)
-    step = batch_size or max(ids.shape[0], 1)
+    ids, attn, mask, per_prompt = _layout(rollouts)
+    dtype = torch.promote_types(next(policy_model.parameters()).dtype, torch.float32)
+    out = torch.zeros(ids.shape, dtype=dtype, device=ids.device)
     disable = getattr(policy_model, "disable_adapter", None)
-    parts = []
     with torch.no_grad(), (disable() if disable is not None else nullcontext()):
-        for s in range(0, ids.shape[0], step):
-            parts.append(token_logprobs(policy_model, ids[s:s + step], attn[s:s + step],
-                                        first=first_loss_column(mask[s:s + step])))
-    if not parts:
-        dtype = torch.promote_types(next(policy_model.parameters()).dtype, torch.float32)
-        return torch.zeros(ids.shape, dtype=dtype)
-    return torch.cat(parts, dim=0)
+        for rows in prompt_row_chunks(ids.shape[0], per_prompt, batch_size):
+            used = attn[rows].bool().any(dim=0).nonzero()
+            if len(used) == 0:
+                continue
+            cols = slice(int(used[0]), int(used[-1]) + 1)
+            out[rows, cols] = token_logprobs(policy_model, ids[rows, cols], attn[rows, cols],
+                                             mask=mask[rows, cols]).to(dtype)
+    return out
 
 
 def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,

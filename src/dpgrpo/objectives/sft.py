@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from dpgrpo.objectives import TrainBatch
-from dpgrpo.objectives.grpo import first_loss_column, token_logprobs
+from dpgrpo.objectives.logprobs import token_logprobs
 
 
 @dataclass(frozen=True)
@@ -26,9 +26,8 @@ class SFTObjective:
     """Row loss = -(1/L) sum_k log pi(y_k | x, y_<k): token-mean NLL over the row's own tokens."""
 
     def row_losses(self, model: torch.nn.Module, batch: TrainBatch, rows: slice) -> torch.Tensor:
-        mask = batch.loss_mask[rows]                                          # (n, L)
-        logp = token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows],
-                              first=first_loss_column(mask))                  # (n, L)
+        ids, attn, mask, _ = batch.window(rows)                              # (n, W)
+        logp = token_logprobs(model, ids, attn, mask=mask)                    # (n, W)
         mask = mask.to(logp.dtype)
         return -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)     # (n,)
 

@@ -9,8 +9,8 @@ completions depend only on that prompt, the current weights and the sampling coi
 which other prompts share the batch. Batched floating-point kernels (and the padding a batch
 imposes) are not guaranteed to be batch-invariant, so a prompt's realized completions may depend
 on its batch mates in the last bits. The paper (Appendix A-G) states this gap and does not
-measure it; ``batch_size=group_size`` generates each prompt's group on its own to remove it,
-at the cost of speed.
+measure it; ``isolated=True`` (``train.rollout_isolation = "isolated"``) generates each
+prompt's group on its own, unpadded and with its own seed, to remove it, at a cost in speed.
 """
 
 from __future__ import annotations
@@ -90,13 +90,16 @@ def _sample_chunk(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
 def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size: int,
              temperature: float, max_new_tokens: int,
              generator: torch.Generator | None = None,
-             batch_size: int | None = None) -> RolloutBatch:
+             batch_size: int | None = None, isolated: bool = False) -> RolloutBatch:
     """Sample ``group_size`` completions per user message (chat template applied).
 
     ``model`` is a causal LM (usually the PeftModel) or a :class:`~dpgrpo.model.Policy`.
 
     ``temperature`` 0 means greedy. Generation stops at EOS or after ``max_new_tokens``.
-    ``batch_size`` caps the rows per generate call (default: all rows at once).
+    ``batch_size`` caps the rows per generate call (default: all rows at once). ``isolated``
+    generates each prompt's group on its own (unpadded, its own seed, at most ``batch_size``
+    rows per call): a prompt's completions then depend only on that prompt, the weights and
+    its coins, never on which prompts share the round (assumption A2), at a cost in speed.
     """
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
@@ -118,22 +121,31 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
                                              add_generation_prompt=True) for m in user_messages]
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
                     padding_side="left")
-    prompt_ids = enc["input_ids"].repeat_interleave(group_size, dim=0).to(device)    # (N, P)
-    prompt_mask = enc["attention_mask"].repeat_interleave(group_size, dim=0).to(device)
+    prompt_ids = enc["input_ids"].repeat_interleave(group_size, dim=0)                # (N, P)
+    prompt_mask = enc["attention_mask"].repeat_interleave(group_size, dim=0)
     n_rows = prompt_ids.shape[0]
     stop, pad_id = _stop_ids(model, tokenizer), int(tokenizer.pad_token_id)
 
-    step = batch_size or n_rows
+    if isolated:  # each call: rows of one prompt, on that prompt's own columns
+        step = min(batch_size or group_size, group_size)
+        calls = [(slice(p + c, min(p + c + step, p + group_size)), True)
+                 for p in range(0, n_rows, group_size) for c in range(0, group_size, step)]
+    else:
+        step = batch_size or n_rows
+        calls = [(slice(s, s + step), False) for s in range(0, n_rows, step)]
     was_training = model.training
     model.eval()
     try:
         pieces = []
-        for start in range(0, n_rows, step):
+        for rows, trim in calls:
+            ids, mask = prompt_ids[rows], prompt_mask[rows]
+            if trim:
+                first = int(mask[0].nonzero()[0])                 # the prompt's own tokens
+                ids, mask = ids[:, first:], mask[:, first:]
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
             pieces.append(_sample_chunk(
-                model, prompt_ids[start:start + step], prompt_mask[start:start + step],
-                temperature=temperature, max_new_tokens=max_new_tokens, stop=stop,
-                pad_id=pad_id, seed=seed).cpu())
+                model, ids.to(device), mask.to(device), temperature=temperature,
+                max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id, seed=seed).cpu())
     finally:
         model.train(was_training)
 
@@ -143,7 +155,7 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
     for p in pieces:
         generated[row:row + p.shape[0], :p.shape[1]] = p
         row += p.shape[0]
-    return _assemble(tokenizer, prompt_ids.cpu(), prompt_mask.cpu(), generated, stop, pad_id,
+    return _assemble(tokenizer, prompt_ids, prompt_mask, generated, stop, pad_id,
                      group_size, len(user_messages), max_new_tokens)
 
 

@@ -1,0 +1,184 @@
+"""Chosen-token log-probabilities without full-vocabulary logits (memory-bounded Eq. 3 and 7).
+
+The GRPO ratio, the k3 KL term, the SFT likelihood, the audit's scores and evaluation all need
+``log pi(y_k | x, y_<k)`` of the tokens actually present, never the whole distribution. Running
+the model's ``lm_head`` over every position materialises an ``(N, L, V)`` tensor (about 300 GB
+for the MATH preset: 1,024 rows x 1,024 tokens x 151,936 vocabulary entries x 2 bytes), and
+autograd keeps it for backward. Here the decoder returns hidden states, only the positions that
+are scored are gathered, and the head + log-softmax + gather runs over chunks of those tokens
+inside one autograd function (as Liger-Kernel's fused linear cross-entropy and TRL's selective
+log-softmax do). The forward also forms d log p / d h for each scored token, so backward is a
+row scaling and nothing of size ``chunk x V`` outlives its chunk: memory is
+``O(chunk x V + K x H)`` for K scored tokens, not ``O(N x L x V)``.
+
+The head may be tied to the input embedding; it is frozen (LoRA adapts the projections only).
+Gemma-style final logit soft-capping is honoured. Logits are formed in the head's dtype and
+upcast to fp32 (fp64 for fp64 models) exactly as ``model(...).logits.float()`` would be, so the
+values equal the unfused computation up to the order of the vocabulary reduction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dpgrpo.errors import ConfigError
+
+#: entries of one ``chunk x V`` logits buffer (128 MB in fp32): bounds the head's working set
+DEFAULT_LOGIT_ELEMENTS = 1 << 25
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits of a chunk in the compute dtype, (k, H) -> (k, V), and tanh(z / cap) if capped."""
+    z = torch.nn.functional.linear(h, weight, bias).to(_compute_dtype(h.dtype))
+    if softcap is None:
+        return z, None
+    t = torch.tanh(z / softcap)
+    return softcap * t, t
+
+
+class _ChosenLogProb(torch.autograd.Function):
+    """log_softmax(head(h))[target] over chunks of rows; gradient with respect to ``h`` only."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, chunk: int, softcap: float | None) -> torch.Tensor:
+        k = hidden.shape[0]
+        out = torch.empty(k, dtype=_compute_dtype(hidden.dtype), device=hidden.device)
+        need_grad = ctx.needs_input_grad[0]
+        jac = torch.empty_like(hidden) if need_grad else None                 # (K, H)
+        for s in range(0, k, chunk):
+            h, tgt = hidden[s:s + chunk], targets[s:s + chunk]
+            z, t = _chunk_logits(h, weight, bias, softcap)                    # (k, V)
+            lse = torch.logsumexp(z, dim=-1)                                  # (k,)
+            out[s:s + chunk] = z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
+            if need_grad:
+                dz = torch.exp(z.sub_(lse.unsqueeze(-1))).neg_()              # -softmax
+                dz.scatter_add_(-1, tgt.unsqueeze(-1), torch.ones_like(lse).unsqueeze(-1))
+                if t is not None:
+                    dz.mul_(1.0 - t * t)                                      # d cap*tanh(z/cap)
+                jac[s:s + chunk] = dz.to(weight.dtype) @ weight               # (k, H)
+            del z, t
+        if need_grad:
+            ctx.save_for_backward(jac)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        (jac,) = ctx.saved_tensors
+        grad_h = jac * grad_out.to(jac.dtype).unsqueeze(-1)                   # (K, H)
+        return grad_h, None, None, None, None, None
+
+
+def chosen_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                    bias: torch.Tensor | None = None, softcap: float | None = None,
+                    chunk: int | None = None) -> torch.Tensor:
+    """``log softmax(hidden @ weight.T + bias)[targets]`` for (K, H) hidden states -> (K,).
+
+    ``chunk`` rows of logits exist at a time (default: :data:`DEFAULT_LOGIT_ELEMENTS` / V).
+    Differentiable with respect to ``hidden``; the head (``weight``, ``bias``) must be frozen.
+    """
+    if weight.requires_grad or (bias is not None and bias.requires_grad):
+        raise ConfigError("chunked log-probs need a frozen lm_head; adapting lm_head is not "
+                          "supported (remove it from model.target_modules)")
+    size = chunk or max(1, DEFAULT_LOGIT_ELEMENTS // weight.shape[0])
+    return _ChosenLogProb.apply(hidden, weight, bias, targets, size, softcap)
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
+    """The causal LM's decoder (returns hidden states), its ``lm_head`` and its soft-cap.
+
+    Works for a :class:`peft.PeftModel` (LoRA layers live inside the decoder, and
+    ``disable_adapter()`` still applies) and for a plain ``transformers`` causal LM.
+    """
+    lm = _unwrap(model)
+    get_decoder = getattr(lm, "get_decoder", None)
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if not callable(get_decoder) or head is None or not hasattr(head, "weight"):
+        raise ConfigError(f"{type(lm).__name__} exposes no decoder and lm_head; dpgrpo needs a "
+                          "transformers causal LM")
+    config = getattr(lm, "config", None)
+    if getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        raise ConfigError(f"{type(lm).__name__} scales its logits (logit_scale); not supported")
+    softcap = getattr(config, "final_logit_softcapping", None)
+    return get_decoder(), head, (float(softcap) if softcap else None)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor, *, first: int = 1,
+                   mask: torch.Tensor | None = None,
+                   chunk: int | None = None) -> torch.Tensor:
+    """log pi(token_k | prefix) at scored positions, zeros elsewhere; (N, L) -> (N, L).
+
+    A position k is scored if k >= ``first`` and, when ``mask`` (N, L) is given, ``mask[:, k]``
+    is set; position 0 has no prefix and is never scored. Position ids follow the attention mask,
+    so a left-padded row sees the positions it was generated with. Output dtype: fp32, or fp64
+    for fp64 models. Differentiable with respect to the adapter; no (N, L, V) tensor is formed.
+    """
+    n, length = input_ids.shape
+    decoder, head, softcap = decoder_and_head(model)
+    out_dtype = _compute_dtype(head.weight.dtype)
+    out = torch.zeros((n, length), dtype=out_dtype, device=input_ids.device)
+    want = torch.zeros((n, length), dtype=torch.bool, device=input_ids.device)
+    want[:, max(int(first), 1):] = True
+    if mask is not None:
+        want &= mask.bool()
+    if n == 0 or not bool(want.any()):
+        return out
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)      # (N, L)
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                     position_ids=position_ids, use_cache=False).last_hidden_state  # (N, L, H)
+    picked = hidden[:, :-1][want[:, 1:]]                                      # (K, H)
+    targets = input_ids[:, 1:][want[:, 1:]]                                   # (K,)
+    logp = chosen_logprobs(picked, head.weight, targets, bias=getattr(head, "bias", None),
+                           softcap=softcap, chunk=chunk)                      # (K,)
+    return out.masked_scatter(want, logp.to(out_dtype))
+
+
+def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
+                               attention_mask: torch.Tensor, mask: torch.Tensor, *,
+                               chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """No-grad (N, L) log-probs and predictive entropies at ``mask[:, 1:]`` positions (audit).
+
+    Entry k scores token k given tokens < k (as :func:`token_logprobs`); the entropy is that of
+    the model's distribution over token k. Computed chunk by chunk, never (N, L, V) at once.
+    """
+    n, length = input_ids.shape
+    decoder, head, softcap = decoder_and_head(model)
+    dtype = _compute_dtype(head.weight.dtype)
+    logp = torch.zeros((n, length), dtype=dtype, device=input_ids.device)
+    ent = torch.zeros_like(logp)
+    want = torch.zeros((n, length), dtype=torch.bool, device=input_ids.device)
+    want[:, 1:] = mask[:, 1:].bool()
+    if n == 0 or not bool(want.any()):
+        return logp, ent
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, use_cache=False).last_hidden_state
+        picked = hidden[:, :-1][want[:, 1:]]                                  # (K, H)
+        targets = input_ids[:, 1:][want[:, 1:]]
+        size = chunk or max(1, DEFAULT_LOGIT_ELEMENTS // head.weight.shape[0])
+        lp, h = [], []
+        for s in range(0, picked.shape[0], size):
+            z, _ = _chunk_logits(picked[s:s + size], head.weight, getattr(head, "bias", None),
+                                 softcap)
+            z = torch.log_softmax(z, dim=-1)                                  # (k, V)
+            lp.append(z.gather(-1, targets[s:s + size].unsqueeze(-1)).squeeze(-1))
+            h.append(-(z.exp() * z).sum(-1))
+    return logp.masked_scatter(want, torch.cat(lp)), ent.masked_scatter(want, torch.cat(h))
+
+
+__all__ = ["DEFAULT_LOGIT_ELEMENTS", "chosen_logprobs", "decoder_and_head", "token_logprobs",
+           "token_logprobs_and_entropy"]
