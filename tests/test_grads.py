@@ -14,7 +14,8 @@ from dpgrpo.model import LoraSettings, attach_lora
 from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, group_advantages,
                                     reference_logprobs)
 from dpgrpo.rollout import RolloutBatch, generate
-from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer, exact_rmsnorm
+from dpgrpo.testing import (build_tiny_model, build_tiny_tokenizer, exact_rmsnorm,
+                            random_specs, rollouts_from_specs)
 
 MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more.", "Answer: A B C",
             "abc", "Solve the problem step by step."]
@@ -195,3 +196,122 @@ def test_empty_batch(policy, tok):
     for fn in (per_prompt_grads_fast, per_prompt_grads_reference):
         grads = fn(policy, GRPOObjective(), batch)
         assert all(g.shape[0] == 0 for g in grads.values()) and len(grads) == 28
+
+
+# --- record isolation against batch-mates, pass sizes, dropout, checkpointing ---------------
+
+@pytest.fixture(scope="module")
+def policy32(tok):
+    """fp32 tiny Llama with a nonzero adapter: floating point shows any batch coupling."""
+    model = attach_lora(build_tiny_model(tok, dtype="float32"), LoraSettings(dropout=0.0))
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    return model.eval()
+
+
+def _grpo_batch(model, tok, specs, rewards):
+    rollouts = rollouts_from_specs(tok, specs)
+    ref = reference_logprobs(model, rollouts, batch_size=2)
+    return build_grpo_batch(rollouts, rewards, group_advantages(rewards), ref)
+
+
+@pytest.mark.parametrize("method", ["fast", "reference"])
+def test_batchmates_leave_other_prompts_bit_identical(policy32, tok, method):
+    """Adding a much longer prompt (wider rows, more padding for everyone else) and removing
+    one changes no other prompt's gradient by a single bit (fp32), nor its reference log-probs."""
+    obj = GRPOObjective()
+    specs = random_specs(tok, 0, 3)
+    longer = random_specs(tok, 1, 1, long=True)
+    rewards = torch.tensor([[1., 0, 1], [0, 0, 1], [1, 1, 0]])
+    alone = _grpo_batch(policy32, tok, specs, rewards)
+    crowded_specs = [specs[0], longer[0], specs[1], specs[2]]
+    crowded = _grpo_batch(policy32, tok, crowded_specs,
+                          torch.cat([rewards[:1], torch.tensor([[0., 1, 1]]), rewards[1:]]))
+    assert crowded.input_ids.shape[1] > alone.input_ids.shape[1] + 20   # much wider rows
+    a = per_prompt_grads(policy32, obj, alone, method=method, rows_per_pass=2)
+    b = per_prompt_grads(policy32, obj, crowded, method=method, rows_per_pass=2)
+    for i, j in ((0, 0), (1, 2), (2, 3)):
+        for name in a:
+            assert torch.equal(a[name][i], b[name][j]), (i, name)
+        ra, rb = alone.ref_logprobs[alone.prompt_rows(i)], crowded.ref_logprobs[crowded.prompt_rows(j)]
+        assert torch.equal(ra[ra != 0], rb[rb != 0])
+    assert float(sum(a[n][0].abs().sum() for n in a)) > 0
+
+
+def test_rows_per_pass_changes_only_summation_order(policy, tok):
+    """fp64: any pass size gives the same per-prompt gradients to 1e-12."""
+    rewards = torch.tensor([[1., 0, 0, 1, 1], [0, 1, 0, 0, 0], [1, 1, 1, 0, 1]])
+    batch = make_batch(policy, tok, rewards, seed=9)
+    whole = per_prompt_grads(policy, GRPOObjective(), batch, rows_per_pass=5)
+    for rows in (1, 2, 3, 64):
+        for method in ("fast", "reference"):
+            part = per_prompt_grads(policy, GRPOObjective(), batch, method=method,
+                                    rows_per_pass=rows)
+            assert _max_abs(part, whole) <= 1e-12, (rows, method)
+
+
+def _with_recording_dropout(model, p: float):
+    """Replace every LoRA dropout by the fast path's recording dropout (same RNG draws)."""
+    from dpgrpo.grads import _RecordingDropout
+
+    saved = []
+    for module in model.modules():
+        if isinstance(getattr(module, "lora_dropout", None), torch.nn.ModuleDict):
+            for name, d in module.lora_dropout.items():
+                saved.append((module.lora_dropout, name, d))
+                module.lora_dropout[name] = _RecordingDropout(p, lambda m: None)
+    return saved
+
+
+def test_fast_path_with_lora_dropout_equals_autograd(tok):
+    """With dropout active, the hooks' rebuilt dropped inputs give autograd's gradients."""
+    base = build_tiny_model(tok, dtype="float64")
+    exact_rmsnorm(base)
+    model = attach_lora(base, LoraSettings(dropout=0.3))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(5))
+    rewards = torch.tensor([[1., 0, 0, 1], [0, 1, 1, 1]])
+    batch = make_batch(model.eval(), tok, rewards, seed=2)
+    model.train()
+    torch.manual_seed(123)
+    fast = per_prompt_grads(model, GRPOObjective(), batch, method="fast", rows_per_pass=2)
+    saved = _with_recording_dropout(model, 0.3)
+    try:
+        torch.manual_seed(123)                     # the same masks, drawn in the same order
+        ref = per_prompt_grads(model, GRPOObjective(), batch, method="reference",
+                               rows_per_pass=2)
+    finally:
+        for container, name, d in saved:
+            container[name] = d
+    torch.manual_seed(124)
+    other = per_prompt_grads(model, GRPOObjective(), batch, method="fast", rows_per_pass=2)
+    assert _max_abs(fast, ref) <= 1e-12
+    assert _max_abs(fast, other) > 1e-6            # dropout really acted
+    assert all(isinstance(d, torch.nn.Dropout) for *_, d in saved)   # originals restored
+    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+
+
+@pytest.mark.parametrize("method", ["fast", "reference"])
+def test_gradient_checkpointing_keeps_gradients_exact(tok, method):
+    from dpgrpo.model import enable_gradient_checkpointing
+
+    base = build_tiny_model(tok, dtype="float64")
+    exact_rmsnorm(base)
+    model = attach_lora(base, LoraSettings(dropout=0.0))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(6))
+    batch = make_batch(model.eval(), tok, torch.tensor([[1., 0, 0, 1], [0, 1, 1, 1]]), seed=4)
+    plain = per_prompt_grads(model.train(), GRPOObjective(), batch, method="reference")
+    enable_gradient_checkpointing(model)
+    lm = model.get_base_model()
+    assert getattr(lm, "is_activation_checkpointing", None) or lm.is_gradient_checkpointing
+    checkpointed = per_prompt_grads(model, GRPOObjective(), batch, method=method,
+                                    rows_per_pass=2)
+    assert _max_abs(checkpointed, plain) <= 1e-12

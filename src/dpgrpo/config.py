@@ -107,7 +107,7 @@ class TrainConfig:
     # Memory budget of one forward/backward pass, counted in completion-cap tokens: a pass holds
     # rows_per_pass = max(1, max_tokens_per_pass // cap) rows of ONE prompt. Public: it never
     # depends on the data, and results depend on it only through summation order.
-    max_tokens_per_pass: int = 4096
+    max_tokens_per_pass: int = 512
     rollout_isolation: str = "batched"  # or "isolated": one generate call per prompt
 
     def rows_per_pass(self, cap: int) -> int:

@@ -272,7 +272,11 @@ def enable_gradient_checkpointing(model: Any) -> None:
     lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not getattr(lm, "supports_gradient_checkpointing", False):
         raise ConfigError(f"{type(lm).__name__} does not support gradient checkpointing")
-    lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if hasattr(lm, "activation_checkpointing_enable"):   # transformers >= 5 spelling
+        lm.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     lm.config.use_cache = False
 
 

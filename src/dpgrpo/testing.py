@@ -151,3 +151,42 @@ def synthetic_rollouts(tok, num_prompts: int, group: int, *, seed: int = 0, cap:
                         completion_mask=torch.cat([torch.zeros_like(pmask), cmask], 1),
                         completion_lengths=lengths, hit_cap=~ended, group_size=group,
                         num_prompts=num_prompts)
+
+
+def rollouts_from_specs(tok, specs):
+    """A RolloutBatch for ``(message, [completion token lists])`` specs (equal group sizes),
+    padded to the batch's widths exactly as :func:`dpgrpo.rollout.generate` pads them."""
+    import torch
+
+    from dpgrpo.rollout.generate import _assemble
+
+    group = len(specs[0][1])
+    texts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
+                                     add_generation_prompt=True) for m, _ in specs]
+    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
+              add_special_tokens=False)
+    width = max(len(c) for _, comps in specs for c in comps)
+    gen = torch.full((len(specs) * group, width), tok.pad_token_id, dtype=torch.long)
+    for i, (_, comps) in enumerate(specs):
+        for r, c in enumerate(comps):
+            gen[i * group + r, :len(c)] = torch.tensor(c)
+    return _assemble(tok, enc["input_ids"].repeat_interleave(group, 0),
+                     enc["attention_mask"].repeat_interleave(group, 0), gen,
+                     [tok.eos_token_id], tok.pad_token_id, group, len(specs), width)
+
+
+def random_specs(tok, seed: int, num_prompts: int, group: int = 3, *, long: bool = False):
+    """Random (message, completions) specs; ``long`` makes prompts and completions much longer."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(num_prompts):
+        message = _CORPUS[(seed + i) % len(_CORPUS)] * (6 if long else 1)
+        comps = []
+        for _ in range(group):
+            length = int(torch.randint(2, 30 if long else 9, (1,), generator=gen))
+            comps.append(torch.randint(3, len(tok), (length,), generator=gen).tolist()
+                         + [tok.eos_token_id])
+        out.append((message, comps))
+    return out

@@ -33,6 +33,7 @@ from dpgrpo.errors import ConfigError
 from dpgrpo.grads import per_prompt_grads, trainable_parameters
 from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.run_setup import RunState, build_run, certificate
+from dpgrpo.runtime import bound_heap_growth
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -53,6 +54,7 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     ``stop_after`` ends the loop after that many rounds of this invocation without the final
     checkpoint, as an interruption would (used by tests of resume).
     """
+    bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     run_dir = Path(output_dir)
     if resume:
         config = _resumed_config(run_dir)

@@ -102,3 +102,50 @@ def _constant_groups() -> float:
     if not (finite and nonzero and all(v.shape[0] == 3 for v in a.values())):
         return math.inf
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@lru_cache(maxsize=1)
+def _policy32():
+    from dpgrpo.model import LoraSettings, attach_lora
+    from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    model = attach_lora(build_tiny_model(tok, dtype="float32"), LoraSettings(dropout=0.0))
+    gen = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+    return model.eval(), tok
+
+
+@check("batchmate_isolation", group="model", tolerance=0.0,
+       detail="max |change| of any prompt's fp32 gradient (fast and reference paths) and "
+              "reference log-probs when a much longer prompt joins its round")
+def _batchmates() -> float:
+    from dpgrpo.testing import random_specs, rollouts_from_specs
+
+    model, tok = _policy32()
+    specs, longer = random_specs(tok, 0, 3), random_specs(tok, 1, 1, long=True)
+    rewards = torch.tensor([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+
+    def run(spec_list, rew, method):
+        rollouts = rollouts_from_specs(tok, spec_list)
+        ref = reference_logprobs(model, rollouts, batch_size=2)
+        batch = build_grpo_batch(rollouts, rew, group_advantages(rew), ref)
+        return batch, per_prompt_grads(model, GRPOObjective(), batch, method=method,
+                                       rows_per_pass=2)
+
+    worst = 0.0
+    crowded_rewards = torch.cat([rewards[:1], torch.tensor([[0.0, 1.0, 1.0]]), rewards[1:]])
+    for method in ("fast", "reference"):
+        a_batch, a = run(specs, rewards, method)
+        b_batch, b = run([specs[0], longer[0], specs[1], specs[2]], crowded_rewards, method)
+        if b_batch.input_ids.shape[1] <= a_batch.input_ids.shape[1]:
+            return math.inf                    # the perturbation must widen the rows
+        for i, j in ((0, 0), (1, 2), (2, 3)):
+            worst = max(worst, max(float((a[k][i] - b[k][j]).abs().max()) for k in a))
+            ra = a_batch.ref_logprobs[a_batch.prompt_rows(i)]
+            rb = b_batch.ref_logprobs[b_batch.prompt_rows(j)]
+            worst = max(worst, float((ra[ra != 0] - rb[rb != 0]).abs().max()))
+    return worst

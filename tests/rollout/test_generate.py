@@ -141,3 +141,25 @@ def test_invalid_settings(model, tok, kwargs):
     args = dict(group_size=2, temperature=1.0, max_new_tokens=4) | kwargs
     with pytest.raises(ConfigError):
         generate(model, tok, MSGS, **args)
+
+
+def _rows_of(ro: RolloutBatch, i: int) -> list[list[int]]:
+    g = ro.group_size
+    return [ids[m.bool()].tolist() for ids, m in
+            zip(ro.input_ids[i * g:(i + 1) * g], ro.attention_mask[i * g:(i + 1) * g])]
+
+
+def test_isolated_rollouts_ignore_batchmates(model, tok):
+    """Same per-prompt seeds, a much longer prompt added in between: in isolated mode every
+    other prompt's completions are token-identical (record isolation, A2)."""
+    longer = " ".join(MSGS) * 8
+    kw = dict(group_size=3, temperature=1.0, max_new_tokens=6, isolated=True)
+    alone = generate(model, tok, MSGS, seeds=[11, 22], **kw)
+    crowded = generate(model, tok, [MSGS[0], longer, MSGS[1]], seeds=[11, 33, 22], **kw)
+    assert crowded.input_ids.shape[1] > alone.input_ids.shape[1]
+    assert _rows_of(alone, 0) == _rows_of(crowded, 0)
+    assert _rows_of(alone, 1) == _rows_of(crowded, 2)
+    again = generate(model, tok, MSGS, seeds=[11, 23], **kw)     # the seed is what varies
+    assert _rows_of(again, 0) == _rows_of(alone, 0) and _rows_of(again, 1) != _rows_of(alone, 1)
+    with pytest.raises(ConfigError, match="one seed per prompt"):
+        generate(model, tok, MSGS, seeds=[1], **kw)

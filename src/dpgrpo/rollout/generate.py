@@ -90,7 +90,8 @@ def _sample_chunk(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
 def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size: int,
              temperature: float, max_new_tokens: int,
              generator: torch.Generator | None = None,
-             batch_size: int | None = None, isolated: bool = False) -> RolloutBatch:
+             batch_size: int | None = None, isolated: bool = False,
+             seeds: list[int] | None = None) -> RolloutBatch:
     """Sample ``group_size`` completions per user message (chat template applied).
 
     ``model`` is a causal LM (usually the PeftModel) or a :class:`~dpgrpo.model.Policy`.
@@ -100,6 +101,8 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
     generates each prompt's group on its own (unpadded, its own seed, at most ``batch_size``
     rows per call): a prompt's completions then depend only on that prompt, the weights and
     its coins, never on which prompts share the round (assumption A2), at a cost in speed.
+    ``seeds`` (one per prompt; default: drawn from ``generator``) fix each prompt's coins in
+    isolated mode; in batched mode a call uses the seed of its first prompt.
     """
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
@@ -126,6 +129,12 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
     n_rows = prompt_ids.shape[0]
     stop, pad_id = _stop_ids(model, tokenizer), int(tokenizer.pad_token_id)
 
+    if seeds is None:
+        seeds = [int(torch.randint(0, 2**62, (1,), generator=generator))
+                 for _ in user_messages]
+    if len(seeds) != len(user_messages):
+        raise ConfigError(f"need one seed per prompt: {len(seeds)} seeds, "
+                          f"{len(user_messages)} prompts")
     if isolated:  # each call: rows of one prompt, on that prompt's own columns
         step = min(batch_size or group_size, group_size)
         calls = [(slice(p + c, min(p + c + step, p + group_size)), True)
@@ -142,7 +151,7 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
             if trim:
                 first = int(mask[0].nonzero()[0])                 # the prompt's own tokens
                 ids, mask = ids[:, first:], mask[:, first:]
-            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            seed = seeds[rows.start // group_size] + rows.start % group_size
             pieces.append(_sample_chunk(
                 model, ids.to(device), mask.to(device), temperature=temperature,
                 max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id, seed=seed).cpu())

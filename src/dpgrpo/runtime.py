@@ -1,0 +1,46 @@
+"""Process-level settings that keep a long CPU run's memory where the pass size puts it.
+
+glibc's allocator serves requests below its mmap threshold from the heap, and raises that
+threshold (up to 32 MiB) each time a larger mmapped block is freed. A training pass allocates
+and frees activations of a few MiB to tens of MiB per layer; once the threshold has risen they
+come from the heap, are not returned to the system when freed, and the heap grows with every
+pass: measured on SmolLM2-135M, peak RSS climbed from 3.4 GB to 5.7 GB over three passes of
+identical size. Fixing the threshold (which also disables its growth) returns each pass's
+memory at its end, so RSS stays at one pass's peak.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+_M_MMAP_THRESHOLD = -3          # mallopt parameter (glibc malloc.h)
+_THRESHOLD = 128 * 1024         # glibc's initial default
+_DONE: list[bool] = []
+
+
+def bound_heap_growth() -> bool:
+    """Fix glibc's mmap threshold at 128 KiB (idempotent). Returns whether it was applied.
+
+    A no-op off Linux/glibc, and when the user set ``MALLOC_MMAP_THRESHOLD_`` or
+    ``DPGRPO_KEEP_MALLOC`` (or preloads another allocator such as jemalloc or tcmalloc).
+    """
+    if _DONE:
+        return _DONE[0]
+    applied = False
+    preload = os.environ.get("LD_PRELOAD", "")
+    if (sys.platform.startswith("linux") and "MALLOC_MMAP_THRESHOLD_" not in os.environ
+            and "DPGRPO_KEEP_MALLOC" not in os.environ
+            and "jemalloc" not in preload and "tcmalloc" not in preload):
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            applied = bool(libc.mallopt(_M_MMAP_THRESHOLD, _THRESHOLD))
+        except (OSError, AttributeError):
+            applied = False
+    _DONE.append(applied)
+    return applied
+
+
+__all__ = ["bound_heap_growth"]

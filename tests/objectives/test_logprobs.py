@@ -1,0 +1,106 @@
+"""Chunked fused log-probs equal the unfused (N, L, V) computation, values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.objectives.logprobs import (chosen_logprobs, token_logprobs,
+                                        token_logprobs_and_entropy)
+
+VOCAB = 151_936   # Qwen2.5's vocabulary
+
+
+@pytest.fixture(scope="module")
+def big_vocab_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=128, tie_word_embeddings=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+    return model.requires_grad_(False).eval()
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (3, 24), generator=gen)
+    attn = torch.ones_like(ids)
+    attn[0, :5] = 0                                        # left padding
+    mask = torch.zeros_like(ids)
+    mask[:, 12:] = 1
+    mask[1, 20:] = 0                                       # a shorter completion
+    return ids, attn, mask
+
+
+def _unfused(model, ids, attn, mask, shift):
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    hidden = model.model(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+    logits = model.lm_head(hidden + shift)[:, :-1].float()                   # (N, L-1, V)
+    logp = logits.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+    return torch.nn.functional.pad(logp, (1, 0)) * mask
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_equals_unfused_values_and_gradients(big_vocab_model, chunk):
+    """fp32, 151,936-token vocabulary: values and gradients agree to 1e-5."""
+    model = big_vocab_model
+    ids, attn, mask = _inputs()
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(2))
+    shift = torch.zeros(32, requires_grad=True)     # a trainable input to the head
+    ref = _unfused(model, ids, attn, mask, shift)
+    (ref * weights).sum().backward()
+    grad_ref, shift.grad = shift.grad.clone(), None
+
+    handle = model.model.norm.register_forward_hook(lambda m, a, out: out + shift)
+    try:
+        fused = token_logprobs(model, ids, attn, mask=mask, chunk=chunk)
+        (fused * weights).sum().backward()
+    finally:
+        handle.remove()
+    assert fused.shape == ids.shape and fused.dtype == torch.float32
+    assert torch.equal(fused == 0, mask == 0)       # scored exactly where asked
+    torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shift.grad, grad_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_entropy_matches_full_softmax(big_vocab_model):
+    model = big_vocab_model
+    ids, attn, mask = _inputs()
+    logp, ent = token_logprobs_and_entropy(model, ids, attn, mask, chunk=5)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn,
+                       position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits[:, :-1].float()
+        full = torch.log_softmax(logits, -1)
+        want = mask[:, 1:].bool()
+        h_ref = -(full.exp() * full).sum(-1)[want]
+        lp_ref = full.gather(-1, ids[:, 1:, None]).squeeze(-1)[want]
+    torch.testing.assert_close(ent[:, 1:][want], h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logp[:, 1:][want], lp_ref, rtol=1e-5, atol=1e-5)
+    assert float(ent[:, 1:][~want].abs().max()) == 0.0
+
+
+def test_softcap_and_bias_gradients_fp64():
+    """Soft-capped logits with a bias: gradient equals autograd through the full softmax."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(9, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 6, generator=gen, dtype=torch.float64)
+    bias = torch.randn(50, generator=gen, dtype=torch.float64)
+    targets = torch.randint(0, 50, (9,), generator=gen)
+    up = torch.randn(9, generator=gen, dtype=torch.float64)
+    z = 3.0 * torch.tanh((hidden @ weight.T + bias) / 3.0)
+    ref = torch.log_softmax(z, -1).gather(-1, targets[:, None]).squeeze(-1)
+    (grad_ref,) = torch.autograd.grad((ref * up).sum(), hidden)
+    out = chosen_logprobs(hidden, weight, targets, bias=bias, softcap=3.0, chunk=4)
+    (grad,) = torch.autograd.grad((out * up).sum(), hidden)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_trainable_head_is_refused():
+    weight = torch.zeros(5, 3, requires_grad=True)
+    with pytest.raises(ConfigError, match="frozen lm_head"):
+        chosen_logprobs(torch.zeros(2, 3), weight, torch.tensor([0, 1]))
