@@ -215,3 +215,16 @@ def test_show_private_telemetry_flag_warns(tiny_model_dir, tmp_path):
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 0, out.output
     assert "WARNING" in out.output and "NOT covered by the privacy guarantee" in out.output
+
+
+def test_certificate_adds_the_tail_term_to_delta(canary_run, monkeypatch):
+    from dpgrpo.privacy.accounting import PrivacyLedger
+    from dpgrpo.run_setup import certificate
+
+    _, run, _ = canary_run
+    monkeypatch.setattr("dpgrpo.run_setup.noise_tail_delta", lambda d, rounds, eps: 1e-6 * rounds)
+    ledger = PrivacyLedger()
+    ledger.record(run.q, run.sigma, 3)  # e.g. one replayed round: the term grows with it
+    cert = certificate(run, ledger, 2)
+    assert cert["noise_tail_delta"] == 3e-6 and cert["delta_pld"] == 1 / 460
+    assert cert["delta"] == 1 / 460 + 3e-6 and cert["rounds_replayed"] == 1

@@ -70,6 +70,17 @@ def test_os_source_is_read_every_round_and_drives_that_round(monkeypatch):
     assert not torch.equal(updates[0], updates[1])
 
 
+def test_known_answer_from_the_chacha20_keystream():
+    """5 coordinates: 3 Box-Muller pairs per draw, 4 draws, summed and halved, in stream order."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    key = bytes(range(KEY_BYTES))
+    stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    words = np.frombuffer(stream.update(bytes(8 * 3 * 3 * 4)), dtype="<u8").reshape(-1, 3)
+    expected = box_muller(words).reshape(4, 6).sum(axis=0)[:5] / 2.0
+    assert torch.equal(_draw(key, 5), torch.from_numpy(expected))
+
+
 def test_noise_before_start_round_is_refused():
     with pytest.raises(PrivacyError, match="start_round"):
         NoiseSource().normal((3,), 1.0)
@@ -82,6 +93,8 @@ def test_noise_is_fp64_with_std_sigma_c_chi_square():
     noise.start_round()
     z = noise.normal((n,), std)
     assert z.dtype == torch.float64 and z.device.type == "cpu"
+    unit = noise.normal((1000,), 1.0)
+    assert float((unit.float().double() != unit).double().mean()) > 0.99  # fp64, not fp32 values
     stat = float(z.pow(2).sum()) / std ** 2
     assert 2 * min(stats.chi2.cdf(stat, n), stats.chi2.sf(stat, n)) > 1e-6
     assert stats.kstest(z.numpy() / std, "norm").pvalue > 1e-6
