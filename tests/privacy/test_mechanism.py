@@ -104,10 +104,11 @@ def test_noise_added_exactly_once_with_std_sigma_c():
     replay = NoiseSource(seed=123)
     replay.start_round()
     summed = clip_and_sum(recs, clip)
-    for k in recs:  # the same stream, drawn once per tensor, in the same order, fp64
-        z = replay.normal(summed[k].shape, sigma * clip)
+    flat = replay.normal((sum(v.numel() for v in summed.values()),), sigma * clip)
+    parts = flat.split([v.numel() for v in summed.values()])
+    for k, z in zip(summed, parts):  # one fp64 draw for the round, split in tensor order
         assert summed[k].dtype == z.dtype == out.update[k].dtype == torch.float64
-        assert torch.equal(out.update[k], (summed[k] + z) / m)
+        assert torch.equal(out.update[k], (summed[k] + z.view(summed[k].shape)) / m)
 
 
 def test_empirical_noise_std_matches_sigma_c():
@@ -130,9 +131,11 @@ def test_empty_batch_is_noise_only():
     assert out.num_records == 0
     replay = NoiseSource(seed=5)
     replay.start_round()
-    for k, s in SHAPES.items():  # fp32 gradients: the noise and the update stay fp64
+    sizes = [math.prod(s) for s in SHAPES.values()]
+    parts = replay.normal((sum(sizes),), 0.2).split(sizes)
+    for (k, s), z in zip(SHAPES.items(), parts):  # fp32 gradients: noise and update stay fp64
         assert out.update[k].shape == s and out.update[k].dtype == torch.float64
-        assert torch.equal(out.update[k], replay.normal(s, 0.2) / 4.0)
+        assert torch.equal(out.update[k], z.view(s) / 4.0)
         assert float(out.update[k].abs().sum()) > 0
 
 

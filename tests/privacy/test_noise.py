@@ -71,14 +71,15 @@ def test_os_source_is_read_every_round_and_drives_that_round(monkeypatch):
 
 
 def test_known_answer_from_the_chacha20_keystream():
-    """5 coordinates: 3 Box-Muller pairs per draw, 4 draws, summed and halved, in stream order."""
+    """5 coordinates: 3 Box-Muller pairs per draw, 4 draws (12 pairs: their a words, then b,
+    then c), summed and halved, in stream order."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
     key = bytes(range(KEY_BYTES))
     stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
-    words = np.frombuffer(stream.update(bytes(8 * 3 * 3 * 4)), dtype="<u8").reshape(-1, 3)
-    expected = box_muller(words).reshape(4, 6).sum(axis=0)[:5] / 2.0
-    assert torch.equal(_draw(key, 5), torch.from_numpy(expected))
+    words = np.frombuffer(stream.update(bytes(8 * 3 * 3 * 4)), dtype="<u8").reshape(3, -1)
+    expected = box_muller(words).reshape(4, 6).sum(dim=0)[:5] / 2.0
+    assert torch.equal(_draw(key, 5), expected)
 
 
 def test_noise_before_start_round_is_refused():
@@ -116,17 +117,18 @@ def test_tail_beyond_six_sigma_has_the_gaussian_shape():
     m, top = 50_000, int(math.exp(-18.0) * 2.0 ** 64)
     words = np.stack([rng.integers(0, top, m, dtype=np.uint64),
                       rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True),
-                      rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True)], axis=1)
-    z = box_muller(words).reshape(m, 2)
-    r2 = (z ** 2).sum(axis=1)
+                      rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True)])
+    z = box_muller(words).reshape(2, m).numpy()
+    r2 = (z ** 2).sum(axis=0)
     assert r2.min() > 36.0
     assert stats.kstest(r2 - 36.0, "expon", args=(0, 2.0)).pvalue > 1e-6
 
 
 def test_largest_reachable_draw_is_r_max():
-    extreme = box_muller(np.array([[0, 0, 0], [0, 2 ** 64 - 1, 0]], dtype=np.uint64))
+    extreme = box_muller(np.array([[0, 0], [0, 2 ** 64 - 1], [0, 0]], dtype=np.uint64)).tolist()
     assert extreme[0] == pytest.approx(math.sqrt(2 * 128 * math.log(2)), rel=1e-12) == R_MAX
-    assert extreme[2] == pytest.approx(math.sqrt(2 * 64 * math.log(2)), rel=1e-9)
+    assert extreme[1] == pytest.approx(math.sqrt(2 * 64 * math.log(2)), rel=1e-9)
+    assert extreme[2:] == [0.0, 0.0]  # sines of angle 0
     assert R_MAX > 13.3 and SECURE_DRAWS == 4
 
 

@@ -133,8 +133,9 @@ def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, cl
                        noise: NoiseSource) -> torch.Tensor | Grads:
     """Add N(0, sigma^2 C^2 I) to the sum, once, to every coordinate of every tensor (line 8).
 
-    The noise is fp64 from the CPU; the result is fp64 on the sum's device. The caller starts
-    the round (:meth:`NoiseSource.start_round`) first.
+    The noise is fp64 from the CPU, drawn as one vector for all tensors (in their order) and
+    moved to the sum's device once; the result is fp64. The caller starts the round
+    (:meth:`NoiseSource.start_round`) first.
     """
     if noise_multiplier < 0:
         raise PrivacyError(f"noise multiplier must be >= 0, got {noise_multiplier}")
@@ -143,7 +144,10 @@ def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, cl
                            "run needs a finite C, because sensitivity is bounded only by clipping")
     std = noise_multiplier * clip_norm if noise_multiplier > 0 else 0.0
     d = summed if isinstance(summed, dict) else {_SINGLE: summed}
-    out = {k: v.to(torch.float64) + noise.normal(v.shape, std).to(v.device) for k, v in d.items()}
+    sizes = [v.numel() for v in d.values()]
+    flat = noise.normal((sum(sizes),), std).to(next(iter(d.values())).device)
+    out = {k: v.to(torch.float64) + z.view(v.shape).to(v.device)
+           for (k, v), z in zip(d.items(), flat.split(sizes))}
     return out if isinstance(summed, dict) else out[_SINGLE]
 
 
