@@ -228,3 +228,20 @@ def test_certificate_adds_the_tail_term_to_delta(canary_run, monkeypatch):
     cert = certificate(run, ledger, 2)
     assert cert["noise_tail_delta"] == 3e-6 and cert["delta_pld"] == 1 / 460
     assert cert["delta"] == 1 / 460 + 3e-6 and cert["rounds_replayed"] == 1
+
+
+@pytest.mark.parametrize("preset, n", [("math", 6988), ("gsm8k", 6961)])
+def test_paper_presets_fix_n_by_their_public_limit(shared_data_dir, tmp_path, preset, n):
+    from pathlib import Path
+
+    from dpgrpo.config import load_config
+    from dpgrpo.distributed import DistContext
+    from dpgrpo.run_setup import _slots
+    from dpgrpo.tasks import get_task
+
+    path = Path(__file__).resolve().parents[1] / "configs" / f"{preset}.toml"
+    cfg = load_config(path, [f"data.data_dir={shared_data_dir}"])
+    assert cfg.data.skip_invalid and cfg.data.limit == n
+    slots, count = _slots(cfg, get_task(preset), tmp_path, DistContext())
+    assert (count.n, count.source, len(slots)) == (n, "data.limit", n)
+    assert all(slot is not None for slot in slots)  # enough valid records to fill the capacity
