@@ -177,12 +177,16 @@ def test_unreachable_epsilon_is_a_config_error(tiny_model_dir, tmp_path):
         train(cfg, tmp_path / "run")
 
 
-def test_canary_slots_count_in_n_and_stay_secret(tiny_model_dir, tmp_path):
+def test_canary_slots_count_in_n_and_stay_secret(tiny_model_dir, tmp_path, monkeypatch):
     from dpgrpo.audit.canary import CanaryPlan
 
+    bits = [False, True, False, False, True, False]  # fixed: 4 absent canaries, every time
+    monkeypatch.setattr("dpgrpo.audit.canary.draw_inclusion", lambda k, generator=None: bits)
     cfg = tiny_config(tiny_model_dir, "audit.canaries=6", "train.steps=2")
     cert = train(cfg, tmp_path / "run").certificate
-    assert cert["n"] == 46 and cert["canary_slots"] == 6 and cert["delta"] == 1 / 460
+    assert cert["n"] == 46 and cert["canary_slots"] == 6 and cert["delta_pld"] == 1 / 460
+    assert cert["q"] == 4 / 46 and list(CanaryPlan.load(tmp_path / "run" / "recovery" /
+                                                         "canaries.json").included) == bits
     plan = CanaryPlan.load(tmp_path / "run" / "recovery" / "canaries.json")
     assert len(plan.canaries) == 6 and plan.slots == tuple(range(40, 46))
     release = tmp_path / "run" / "release"

@@ -54,9 +54,13 @@ class DataConfig:
     data_dir: str | None = None
     split: str = "train"
     source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
-    limit: int | None = None  # use the first `limit` problems of the split
-    skip_invalid: bool = False  # skip (and log) records that fail validation instead of stopping
-    n_slots: int | None = None  # public n; default: number of problems (+ canaries)
+    # Public pre-processing: train on the first `limit` valid problems of the split; `limit`
+    # is also a public capacity, n = limit (+ canaries) unless n_slots is set.
+    limit: int | None = None
+    skip_invalid: bool = False  # skip invalid records instead of stopping; n does not shrink
+    # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
+    # the source file's raw row count with invalid rows as absent slots) (+ canaries).
+    n_slots: int | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -70,7 +74,7 @@ class PrivacyConfig:
     """(epsilon, delta) target and the mechanism's public parameters (Table I)."""
 
     epsilon: float = 8.0
-    delta: float | None = None  # default 1 / (10 n)
+    delta: float | None = None  # default 1 / (10 n); a releasable run needs delta < 1 / n
     expected_batch: float = 128.0  # m = q n
     clip_norm: float = 0.055
     noise_multiplier: float | None = None  # None: calibrated from epsilon

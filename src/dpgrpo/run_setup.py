@@ -1,11 +1,13 @@
 """Everything a run needs before its first round: slots, sigma, generators, model, optimizer.
 
 Public inputs only (assumption A1): n, q, sigma, C and T are fixed here from the configuration
-and the *number* of slots, never from the content of the prompts.
+(:func:`dpgrpo.privacy.sampling.public_slot_count` says which rule fixed n), never from the
+content of the prompts nor from how many of them are valid.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -30,8 +32,10 @@ from dpgrpo.privacy.accounting import (
     replace_one,
     sampling_rate,
 )
-from dpgrpo.privacy.noise import NoiseSource
-from dpgrpo.privacy.sampling import PoissonSampler
+from dpgrpo.privacy.noise import GENERATOR, NoiseSource, check_noise_tail, noise_tail_delta
+from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount, public_slot_count
+
+log = logging.getLogger(__name__)
 
 ASSUMPTIONS = {
     "A1": "public design: every hyperparameter, n and T fixed without access to the data",
@@ -40,8 +44,20 @@ ASSUMPTIONS = {
           "couple records outside exact arithmetic (not quantified)",
     "A3": "fresh hidden randomness: sampling coins, rollouts and noise from OS entropy, never "
           "released (recovery/ holds generator states and must not be published)",
-    "A4": "exact arithmetic: noise is drawn in binary floating point, not over the reals",
+    "A4": "exact arithmetic: noise is drawn in binary floating point, not over the reals "
+          "(its truncated tails are bounded and added to delta as noise_tail_delta; the "
+          "discreteness of each fp64 draw is not quantified)",
 }
+
+CRASHES = (
+    "rounds_charged counts every round that started, including rounds replayed after a crash or "
+    "an interruption, and epsilon is computed from it: charged rounds are never hidden. The "
+    "number of replayed rounds (rounds_replayed) is itself an output of the execution and is "
+    "covered by this guarantee only insofar as crashes are independent of the private data; a "
+    "data-triggered crash (e.g. out of memory on one long rollout) can reveal something about "
+    "the records sampled in that round. Use settings that cannot run out of memory at the "
+    "worst case (train.max_new_tokens, train.rollout_batch_size, train.chunk_size sized for G "
+    "completions of the longest prompt at the token cap).")
 
 
 @dataclass
@@ -63,6 +79,8 @@ class RunState:
     optimizer: torch.optim.Optimizer
     task: Any
     num_canaries: int = 0
+    n_source: str = "data.n_slots"
+    coordinates: int = 0          # d: trainable coordinates, each noised every round (public)
     steps_skipped: int = 0
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     _rollout_gen: torch.Generator | None = None
@@ -110,42 +128,60 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _slots(config: RunConfig, task: Any, run_dir: Path, ctx: DistContext) -> tuple[list[Any], int]:
-    from dpgrpo.tasks import get_task, load_problems
+def _slots(config: RunConfig, task: Any, run_dir: Path,
+           ctx: DistContext) -> tuple[list[Any], SlotCount]:
+    """n public slots: the split's first valid problems, absent slots, then the canaries."""
+    from dpgrpo.tasks import load_split
 
     data = config.data
-    problems = load_problems(task, data.split, data.data_dir, source=data.source,
-                             skip_invalid=data.skip_invalid)
-    if data.limit is not None:
-        problems = problems[:data.limit]
-    slots: list[Any] = [(task, p) for p in problems]
+    loaded = load_split(task, data.split, data.data_dir, source=data.source,
+                        skip_invalid=data.skip_invalid)
+    if loaded.skipped:  # the count is private: debug level only (invariant 6)
+        log.debug("skipped %d invalid records; `dpgrpo data summary --skip-invalid` lists them",
+                  len(loaded.skipped))
+    problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
     k = config.audit.canaries
+    count = public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
+                              source_rows=len(loaded.problems) + len(loaded.skipped),
+                              canaries=k, embedded=not task.needs_data_dir)
+    slots: list[Any] = [(task, p) for p in problems]
+    slots += [None] * (count.n - k - len(slots))  # absent records: they contribute zero
     if k:
-        from dpgrpo.audit.canary import CanaryPlan
+        slots += _canary_slots(config, run_dir, ctx, first_slot=count.n - k)
+    return slots, count
 
-        plan_path = run_dir / "recovery" / "canaries.json"
-        if ctx.active and not ctx.is_main:  # rank 0 draws the secret bits; the others read them
-            barrier(ctx)
-            plan = CanaryPlan.load(plan_path)
-        elif plan_path.exists():  # resume: the same canaries and the same secret inclusion bits
-            plan = CanaryPlan.load(plan_path)
-        else:
-            gen = None
-            if config.privacy.seed is not None:
-                gen = torch.Generator().manual_seed(config.privacy.seed + 3)
-            plan = CanaryPlan.create(k, seed=config.audit.canary_seed, generator=gen)
-            plan = replace(plan, slots=tuple(range(len(slots), len(slots) + k)))  # public
-            plan.save(plan_path)
-        if ctx.active and ctx.is_main:
-            barrier(ctx)
-        arithmetic = get_task("arithmetic")
-        present = {c.id for c in plan.present}  # an absent canary's slot is an empty record
-        slots += [(arithmetic, c) if c.id in present else None for c in plan.canaries]
-    n = data.n_slots or len(slots)
-    if n < len(slots):
-        raise ConfigError(f"data.n_slots = {n} is smaller than the {len(slots)} records "
-                          f"(problems + canaries)")
-    return slots + [None] * (n - len(slots)), n
+
+def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot: int) -> list[Any]:
+    """The k canary slots (the last k of n, public); an absent canary's slot is an empty record."""
+    from dpgrpo.audit.canary import CanaryPlan
+    from dpgrpo.tasks import get_task
+
+    k = config.audit.canaries
+    plan_path = run_dir / "recovery" / "canaries.json"
+    if ctx.active and not ctx.is_main:  # rank 0 draws the secret bits; the others read them
+        barrier(ctx)
+        plan = CanaryPlan.load(plan_path)
+    elif plan_path.exists():  # resume: the same canaries and the same secret inclusion bits
+        plan = CanaryPlan.load(plan_path)
+    else:
+        gen = None
+        if config.privacy.seed is not None:
+            gen = torch.Generator().manual_seed(config.privacy.seed + 3)
+        plan = CanaryPlan.create(k, seed=config.audit.canary_seed, generator=gen)
+        plan = replace(plan, slots=tuple(range(first_slot, first_slot + k)))  # public
+        plan.save(plan_path)
+    if ctx.active and ctx.is_main:
+        barrier(ctx)
+    arithmetic = get_task("arithmetic")
+    present = {c.id for c in plan.present}
+    return [(arithmetic, c) if c.id in present else None for c in plan.canaries]
+
+
+def _epsilon_ceiling(sigma: float, steps: int, delta: float) -> float:
+    """A closed-form upper bound on epsilon (zCDP of T unsampled Gaussian rounds, rho = T /
+    (2 sigma^2)); Poisson subsampling only lowers it. Used to gate the noise-tail term early."""
+    rho = steps / (2.0 * sigma ** 2)
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
 def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
@@ -156,12 +192,18 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     ctx = ctx or DistContext()
     run_dir.mkdir(parents=True, exist_ok=True)
     task = get_task(config.data.task)
-    slots, n = _slots(config, task, run_dir, ctx)
+    slots, count = _slots(config, task, run_dir, ctx)
+    n = count.n
     p = config.privacy
     if p.expected_batch > n:
         raise ConfigError(f"privacy.expected_batch = {p.expected_batch} exceeds n = {n} slots")
     q = sampling_rate(n, p.expected_batch)
     delta = p.delta if p.delta is not None else default_delta(n)
+    if config.private and p.seed is None and not delta < 1.0 / n:
+        raise PrivacyBudgetError(
+            f"privacy.delta = {delta:.3g} is at least 1/n = {1.0 / n:.3g}: a mechanism that "
+            "publishes one random record whole meets such a delta; a releasable run needs "
+            "delta < 1/n (default 1/(10 n))")
     steps = config.train.steps
     if not config.private:
         sigma = 0.0
@@ -194,6 +236,10 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     if ctx.active:  # distinct dropout masks per rank from here on
         torch.manual_seed(init_seed + 7919 * ctx.rank)
     params = [prm for prm in policy.model.parameters() if prm.requires_grad]
+    coordinates = sum(prm.numel() for prm in params)
+    if config.private:  # refuse before any round if the generator's tails would matter
+        eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(sigma, steps, delta)
+        check_noise_tail(noise_tail_delta(coordinates, steps, eps_gate), delta)
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)
     rollout_gen = torch.Generator().manual_seed(seed + 2 + 7919 * ctx.rank) if seed is not None else None
@@ -202,7 +248,8 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
                     sampler=PoissonSampler(n, q, seed=seed),
                     noise=NoiseSource(seed=None if seed is None else seed + 1, device=device),
                     policy=policy, optimizer=optimizer, task=task,
-                    num_canaries=config.audit.canaries, _rollout_gen=rollout_gen)
+                    num_canaries=config.audit.canaries, n_source=count.source,
+                    coordinates=coordinates, _rollout_gen=rollout_gen)
 
 
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
@@ -211,15 +258,20 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
     eps = ledger.epsilon(run.delta) if cfg.private else math.inf
     rdp, order = ledger.rdp_epsilon(run.delta) if cfg.private else (math.inf, math.nan)
     releasable = cfg.private and not run.seeded and run.noise.releasable and run.sampler.releasable
+    tail = noise_tail_delta(run.coordinates, ledger.rounds, eps) if cfg.private else 0.0
     cert: dict[str, Any] = {
-        "epsilon": eps, "delta": run.delta, "private": cfg.private, "arm": cfg.train.arm,
+        "epsilon": eps, "delta": run.delta + tail, "delta_pld": run.delta,
+        "noise_tail_delta": tail, "private": cfg.private, "arm": cfg.train.arm,
         "q": run.q, "sigma": run.sigma, "clip_norm": run.clip_norm, "n": run.n,
+        "n_source": N_SOURCES[run.n_source],
         "expected_batch": run.expected_batch, "steps": cfg.train.steps,
         "rounds_retained": round_done, "rounds_charged": ledger.rounds,
+        "rounds_replayed": ledger.rounds - round_done, "crashes": CRASHES,
         "neighbouring_relation": NEIGHBOURING_RELATION, "unit": "one prompt (problem + reference answer)",
         "accountant": ACCOUNTANT, "accountant_version": accountant_version(),
         "rdp_epsilon": rdp, "rdp_order": order, "ledger": ledger.to_dict(),
         "seeded": run.seeded, "releasable": releasable, "noise": "secure" if run.noise.secure else "seeded",
+        "noise_generator": GENERATOR, "trainable_coordinates": run.coordinates,
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],

@@ -48,8 +48,12 @@ class TrainResult:
 
 
 def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = False,
-          progress: ProgressFn | None = None, stop_after: int | None = None) -> TrainResult:
+          progress: ProgressFn | None = None, stop_after: int | None = None,
+          show_private: bool = False) -> TrainResult:
     """Run (or resume) Algorithm 1 and write ``output_dir/release`` and ``output_dir/recovery``.
+
+    ``progress`` receives public values only (round, steps, epsilon, elapsed seconds) unless
+    ``show_private``, which adds the round's realized batch size and mean reward (invariant 6).
 
     ``stop_after`` ends the loop after that many rounds of this invocation without the final
     checkpoint, as an interruption would (used by tests of resume).
@@ -74,6 +78,7 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     skipped = run.steps_skipped
     steps = config.train.steps
     done_here = 0
+    started = time.perf_counter()
 
     for t in range(start, steps):
         if ctx.is_main:
@@ -100,9 +105,10 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
                               "seconds": time.perf_counter() - tic})
         done_here += 1
         if progress is not None and ctx.is_main:
-            progress({"round": t + 1, "steps": steps, "batch_size": update.num_records,
-                      "reward_mean": info.get("reward_mean"),
-                      "epsilon": _epsilon_so_far(journal, run)})
+            public = {"round": t + 1, "steps": steps, "epsilon": _epsilon_so_far(journal, run),
+                      "elapsed": time.perf_counter() - started}
+            private = {"batch_size": update.num_records, "reward_mean": info.get("reward_mean")}
+            progress({**public, **private} if show_private else public)
         if (t + 1) % config.train.checkpoint_every == 0 or t + 1 == steps:
             run.steps_skipped = skipped
             if ctx.is_main:

@@ -9,6 +9,7 @@ exercise per-prompt gradients on a tiny random double-precision model.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -17,7 +18,7 @@ import torch
 
 from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
 from dpgrpo.privacy.mechanism import clip_and_sum, privatize
-from dpgrpo.privacy.noise import NoiseSource
+from dpgrpo.privacy.noise import TAIL_FRACTION_OF_DELTA, NoiseSource, noise_tail_delta
 from dpgrpo.privacy.sampling import PoissonSampler
 
 
@@ -134,6 +135,54 @@ def _nonfinite() -> float:
     recs["layer1.bias"][1, 0] = float("nan")
     out = clip_and_sum(recs, 1e9)
     return max(float((out[k] - recs[k][0]).abs().max()) for k in recs)
+
+
+def _influential_key_bits(key: bytes, base: torch.Tensor) -> int:
+    """How many single-bit flips of ``key`` change the noise drawn from it."""
+    changed = 0
+    for bit in range(8 * len(key)):
+        flipped = bytearray(key)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        replay = NoiseSource(entropy=lambda k, b=bytes(flipped): b)
+        replay.start_round()
+        changed += not torch.equal(replay.normal(base.shape, 1.0), base)
+    return changed
+
+
+@check("noise_secret_bits", tolerance=127.0, comparison=">",
+       detail="secret bits behind one round's noise: bits read from os.urandom at that round's "
+              "start whose single flip changes the round's noise; minimum over 2 rounds of one "
+              "secure source (a round that reads nothing scores 0); must be >= 128")
+def _secret_bits() -> float:
+    reads: list[bytes] = []
+
+    def record(k: int) -> bytes:
+        reads.append(os.urandom(k))
+        return reads[-1]
+
+    source, bits = NoiseSource(entropy=record), []
+    for _ in range(2):
+        before = len(reads)
+        source.start_round()
+        base = source.normal((8,), 1.0)
+        fresh = reads[before:]
+        bits.append(_influential_key_bits(fresh[0], base) if len(fresh) == 1 else 0)
+    return float(min(bits))
+
+
+#: The MATH preset (configs/math.toml): n = 6,988, T = 50, epsilon = 8 (the calibrated
+#: certified epsilon is at most 8), delta = 1/(10 n), and d = 4,616,192 LoRA coordinates:
+#: Qwen2.5-1.5B (28 layers, hidden 1536, MLP 8960, k/v 256), rank 4 on q,k,v,o,gate,up,down,
+#: 28 * 4 * (3072 + 1792 + 1792 + 3072 + 3 * 10496).
+TAIL_PRESET = {"n": 6988, "steps": 50, "epsilon": 8.0, "coordinates": 4_616_192}
+
+
+@check("noise_tail_delta", tolerance=TAIL_FRACTION_OF_DELTA / (10 * TAIL_PRESET["n"]),
+       detail="(1 + e^eps) T * 4 draws * d * 2^-128, the truncated-tail term added to delta, for "
+              "the MATH preset (d = 4,616,192, T = 50, eps = 8); tolerance 1% of its delta")
+def _tail_delta() -> float:
+    t = TAIL_PRESET
+    return noise_tail_delta(t["coordinates"], t["steps"], t["epsilon"])
 
 
 def _poisson_matrix() -> np.ndarray:

@@ -70,7 +70,11 @@ def test_verify_writes_record(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads(record.read_text())
     names = {c["check"] for c in data["checks"]}
-    assert {"global_sensitivity", "poisson_inclusion_frequency", "accountant_jax_privacy_reference"} <= names
+    assert {"global_sensitivity", "poisson_inclusion_frequency", "accountant_jax_privacy_reference",
+            "noise_secret_bits", "noise_tail_delta"} <= names
+    checks = {c["check"]: c for c in data["checks"]}
+    assert checks["noise_secret_bits"]["measured"] >= 128
+    assert checks["noise_tail_delta"]["measured"] <= checks["noise_tail_delta"]["tolerance"]
     assert data["passed"] and all(c["passed"] for c in data["checks"])
 
 

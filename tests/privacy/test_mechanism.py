@@ -49,6 +49,26 @@ def test_global_sensitivity_appendix_b():
     assert max(ratios) > 0.999  # the adversarial record is clipped to C, not below
 
 
+@pytest.mark.parametrize("excess", [1e-9, 1e-6, 1e-3, 0.05, 0.5, 0.99, 3.0])
+def test_records_just_above_c_are_clipped_to_c(excess):
+    """Norms C (1 + excess): each is clipped to C, and adding one moves the sum by at most C."""
+    clip = 0.7
+    base = _records(4, seed=1, scale=1e-2)  # norms ~0.05, well inside C
+    extra = _records(3, seed=2)
+    norms = per_record_norms(extra)
+    extra = {k: v * (clip * (1 + excess) / norms).view(-1, *[1] * (v.dim() - 1))
+             for k, v in extra.items()}
+    assert torch.allclose(per_record_norms(extra), torch.full((3,), clip * (1 + excess),
+                                                              dtype=torch.float64), rtol=1e-14)
+    after = per_record_norms(clip_per_record(extra, clip))
+    assert float((after - clip).abs().max()) <= 1e-12 * clip
+    f_d = clip_and_sum(base, clip)
+    for i in range(3):
+        one = {k: v[i:i + 1] for k, v in extra.items()}
+        f_d2 = clip_and_sum(_cat(base, one), clip)
+        assert _norm({k: f_d2[k] - f_d[k] for k in f_d}) <= clip * (1 + 1e-12)
+
+
 def test_clipping_is_joint_over_tensors():
     recs = _records(6, scale=3.0)
     clipped = clip_per_record(recs, 1.0)
@@ -84,9 +104,11 @@ def test_noise_added_exactly_once_with_std_sigma_c():
     replay = NoiseSource(seed=123)
     replay.start_round()
     summed = clip_and_sum(recs, clip)
-    for k in recs:  # the same stream, drawn once per tensor, in the same order
-        z = replay.normal(summed[k].shape, sigma * clip, summed[k].dtype)
-        assert torch.allclose(out.update[k], (summed[k] + z) / m, rtol=0, atol=1e-12)
+    flat = replay.normal((sum(v.numel() for v in summed.values()),), sigma * clip)
+    parts = flat.split([v.numel() for v in summed.values()])
+    for k, z in zip(summed, parts):  # one fp64 draw for the round, split in tensor order
+        assert summed[k].dtype == z.dtype == out.update[k].dtype == torch.float64
+        assert torch.equal(out.update[k], (summed[k] + z.view(summed[k].shape)) / m)
 
 
 def test_empirical_noise_std_matches_sigma_c():
@@ -109,9 +131,11 @@ def test_empty_batch_is_noise_only():
     assert out.num_records == 0
     replay = NoiseSource(seed=5)
     replay.start_round()
-    for k, s in SHAPES.items():
-        assert out.update[k].shape == s
-        assert torch.equal(out.update[k], replay.normal(s, 0.2, torch.float32) / 4.0)
+    sizes = [math.prod(s) for s in SHAPES.values()]
+    parts = replay.normal((sum(sizes),), 0.2).split(sizes)
+    for (k, s), z in zip(SHAPES.items(), parts):  # fp32 gradients: noise and update stay fp64
+        assert out.update[k].shape == s and out.update[k].dtype == torch.float64
+        assert torch.equal(out.update[k], z.view(s) / 4.0)
         assert float(out.update[k].abs().sum()) > 0
 
 
@@ -137,17 +161,8 @@ def test_infinite_clip_with_noise_is_a_privacy_error():
                   noise=NoiseSource(seed=0))
 
 
-def test_single_tensor_input_and_fp32_work_dtype():
+def test_single_tensor_input_fp32_clipping_and_fp64_sum():
     g = torch.randn(5, 10, dtype=torch.float16)
+    assert clip_per_record(g, 1.0).dtype == torch.float32
     out = clip_and_sum(g, 1.0)
-    assert out.dtype == torch.float32 and out.shape == (10,)
-
-
-def test_secure_noise_reseeds_every_round():
-    noise = NoiseSource()
-    assert noise.releasable and noise.state_dict() == {"source": "os-entropy"}
-    noise.start_round()
-    a = noise.normal((8,), 1.0, torch.float32)
-    noise.start_round()
-    b = noise.normal((8,), 1.0, torch.float32)
-    assert not torch.equal(a, b)
+    assert out.dtype == torch.float64 and out.shape == (10,)

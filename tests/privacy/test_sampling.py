@@ -55,3 +55,43 @@ def test_expected_batch_and_validation():
         PoissonSampler(0, 0.1)
     with pytest.raises(PrivacyBudgetError):
         PoissonSampler(10, 1.1)
+
+
+def test_os_entropy_coins_are_read_every_round_and_decide_the_batch(monkeypatch):
+    reads: list[int] = []
+    patterns = iter([b"\x00", b"\xff", b"\x00"])
+
+    def fake(nbytes: int) -> bytes:  # all-zero words: u = 0 < q; all-one words: u ~ 1 > q
+        reads.append(nbytes)
+        return next(patterns) * nbytes
+
+    monkeypatch.setattr("dpgrpo.privacy.sampling.read_entropy", fake)
+    sampler = PoissonSampler(16, 0.3)
+    assert sampler.sample().tolist() == list(range(16))
+    assert sampler.sample().tolist() == []
+    assert sampler.sample().tolist() == list(range(16))
+    assert reads == [8 * 16] * 3  # 64 fresh bits per slot, every round
+
+
+def test_two_os_entropy_samplers_disagree():
+    a, b = PoissonSampler(4096, 0.5), PoissonSampler(4096, 0.5)
+    assert not np.array_equal(a.sample(), b.sample())  # equal with probability 2^-4096
+
+
+def test_public_n_never_counts_valid_records():
+    from dpgrpo.errors import ConfigError
+    from dpgrpo.privacy.sampling import public_slot_count
+
+    def count(**kw):
+        args = dict(n_slots=None, limit=None, problems=90, source_rows=100, canaries=4,
+                    embedded=False)
+        return public_slot_count(**{**args, **kw})
+
+    assert (count(n_slots=500).n, count(n_slots=500).source) == (500, "data.n_slots")
+    assert (count(limit=120).n, count(limit=120).source) == (124, "data.limit")
+    assert (count().n, count().source) == (104, "source rows")  # 10 invalid rows: absent slots
+    assert count(embedded=True, problems=100).source == "embedded task"
+    # n does not move when more records turn out to be invalid.
+    assert count(limit=120, problems=80).n == count(limit=120, problems=120).n == 124
+    with pytest.raises(ConfigError, match="data.n_slots"):
+        count(n_slots=50)

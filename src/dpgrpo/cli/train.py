@@ -22,6 +22,10 @@ def train_cmd(
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Shortcut for data.data_dir."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Debug seed: the run is NOT releasable."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    show_private: bool = typer.Option(
+        False, "--show-private-telemetry",
+        help="Also show each round's realized batch size and mean reward: private training "
+             "data, not covered by the guarantee (debugging only)."),
 ) -> None:
     """Train a LoRA adapter with prompt-level DP (Algorithm 1); writes release/ and recovery/."""
     from dpgrpo.config import apply_overrides, embedded_default, load_config
@@ -42,8 +46,13 @@ def train_cmd(
         run_dir = output_dir or Path("runs") / f"{cfg.train.arm}-{time.strftime('%Y%m%d-%H%M%S')}"
         typer.echo(f"run directory: {run_dir}", err=True)
     total = cfg.train.steps if cfg is not None else None
+    if show_private:
+        typer.echo("WARNING: --show-private-telemetry prints per-round batch sizes and rewards, "
+                   "which are computed from the private data and are NOT covered by the "
+                   "privacy guarantee; do not share this output or its logs.", err=True)
     with _progress(quiet, total) as on_round:
-        result = train(cfg, run_dir, resume=resume is not None, progress=on_round)
+        result = train(cfg, run_dir, resume=resume is not None, progress=on_round,
+                       show_private=show_private)
     cert = result.certificate
     status = "releasable" if cert.get("releasable") else f"NOT releasable ({cert.get('not_releasable_because')})"
     typer.echo(f"release: {result.release_dir}  (epsilon={cert.get('epsilon'):.4g}, "
@@ -51,7 +60,8 @@ def train_cmd(
 
 
 class _progress:
-    """A rich progress bar showing round, sampled batch size, reward mean and epsilon spent."""
+    """A rich progress bar: round of T, epsilon spent, elapsed time; the batch size and reward
+    mean only when the trainer passes them (``--show-private-telemetry``)."""
 
     def __init__(self, quiet: bool, total: int | None) -> None:
         self.quiet, self.total, self.bar, self.task = quiet, total, None, None
@@ -68,10 +78,11 @@ class _progress:
         self.task = self.bar.add_task("train", total=self.total, status="loading")
 
         def on_round(info: dict) -> None:
-            reward = info.get("reward_mean")
-            reward_s = "-" if reward is None or reward != reward else f"{reward:.2f}"
-            status = (f"batch {info['batch_size']:3d}  reward {reward_s}  "
-                      f"eps<={info['epsilon']:.3g}")
+            status = f"eps<={info['epsilon']:.3g}"
+            if "batch_size" in info:  # private: only with --show-private-telemetry
+                reward = info.get("reward_mean")
+                reward_s = "-" if reward is None or reward != reward else f"{reward:.2f}"
+                status = f"batch {info['batch_size']:3d}  reward {reward_s}  {status}"
             self.bar.update(self.task, completed=info["round"], total=info["steps"], status=status)
         return on_round
 

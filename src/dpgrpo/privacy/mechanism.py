@@ -8,6 +8,10 @@ with all of its completions, so each record's gradient already sums its G comple
     U       = sum_i g_bar_i + z,  z ~ N(0, sigma^2 C^2 I)        (noise exactly once)
     g_hat   = U / (q n)                             (the public expected batch size)
 
+Clipping runs in the gradients' work dtype (fp32, or fp64 for fp64 gradients); the sum is
+accumulated in fp64, the noise (:mod:`dpgrpo.privacy.noise`, fp64, made on the CPU) is added to
+that fp64 sum, and the update stays fp64 until the optimizer casts it to the parameters' dtype.
+
 A record whose gradient has a non-finite entry is replaced by zero before clipping, by a fixed
 rule that does not depend on any other record (assumption A2). This module is the only place in
 dpgrpo where gradients of different records are combined.
@@ -114,20 +118,25 @@ def clip_per_record(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | G
 
 
 def sum_records(grads: PerRecordGrads) -> torch.Tensor | Grads:
-    """Sum over the record axis; an empty batch gives zeros of the parameter shapes."""
+    """Sum over the record axis in fp64; an empty batch gives zeros of the parameter shapes."""
     d = _as_dict(grads)
-    return _like_input(grads, {k: v.to(_work_dtype(v)).sum(dim=0) for k, v in d.items()})
+    return _like_input(grads, {k: v.sum(dim=0, dtype=torch.float64) for k, v in d.items()})
 
 
 def clip_and_sum(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | Grads:
-    """Sanitize non-finite records to zero, clip each record to C, and sum (lines 7-8)."""
+    """Sanitize non-finite records to zero, clip each record to C, and sum in fp64 (lines 7-8)."""
     clean, _ = sanitize_nonfinite(grads)
     return sum_records(clip_per_record(clean, clip_norm))
 
 
 def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, clip_norm: float,
                        noise: NoiseSource) -> torch.Tensor | Grads:
-    """Add N(0, sigma^2 C^2 I) to the sum, once, to every coordinate of every tensor (line 8)."""
+    """Add N(0, sigma^2 C^2 I) to the sum, once, to every coordinate of every tensor (line 8).
+
+    The noise is fp64 from the CPU, drawn as one vector for all tensors (in their order) and
+    moved to the sum's device once; the result is fp64. The caller starts the round
+    (:meth:`NoiseSource.start_round`) first.
+    """
     if noise_multiplier < 0:
         raise PrivacyError(f"noise multiplier must be >= 0, got {noise_multiplier}")
     if noise_multiplier > 0 and math.isinf(clip_norm):
@@ -135,7 +144,10 @@ def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, cl
                            "run needs a finite C, because sensitivity is bounded only by clipping")
     std = noise_multiplier * clip_norm if noise_multiplier > 0 else 0.0
     d = summed if isinstance(summed, dict) else {_SINGLE: summed}
-    out = {k: v + noise.normal(v.shape, std, v.dtype).to(v.device) for k, v in d.items()}
+    sizes = [v.numel() for v in d.values()]
+    flat = noise.normal((sum(sizes),), std).to(next(iter(d.values())).device)
+    out = {k: v.to(torch.float64) + z.view(v.shape).to(v.device)
+           for (k, v), z in zip(d.items(), flat.split(sizes))}
     return out if isinstance(summed, dict) else out[_SINGLE]
 
 

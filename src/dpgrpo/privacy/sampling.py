@@ -5,18 +5,70 @@ slot is drawn (an empty batch still takes a noise-only step and is charged). The
 the operating system's entropy pool (``os.urandom``) unless the user supplies a seed, which is for
 debugging only: a seeded run is marked as not releasable (invariant 4), and its generator state is
 kept in ``recovery/``, never in ``release/``.
+
+The number of slots n is public (assumption A1): :func:`public_slot_count` fixes it from the
+configuration, never from how many records turned out to be valid.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
-from dpgrpo.errors import PrivacyBudgetError
+from dpgrpo.errors import ConfigError, PrivacyBudgetError
 
 _TWO_POW_53 = float(2**53)
+
+#: Where a run's n came from, as the certificate states it (key ``n_source``).
+N_SOURCES = {
+    "data.n_slots": "data.n_slots: the public number of slots set in the configuration",
+    "data.limit": ("data.limit (+ canaries): a public capacity; the first `limit` valid records "
+                   "of the split fill the slots, and slots left over are absent records"),
+    "embedded task": ("the embedded task's size (+ canaries): generated from a public seed, "
+                      "so the count is public by construction"),
+    "source rows": ("the raw row count of the source file (+ canaries), invalid rows counted "
+                    "as absent slots: public only when the file itself is published; set "
+                    "data.n_slots (or data.limit) for private data"),
+}
+
+
+@dataclass(frozen=True)
+class SlotCount:
+    """The public n, which rule fixed it (a key of :data:`N_SOURCES`), and the records placed."""
+
+    n: int
+    source: str
+    records: int
+
+
+def public_slot_count(*, n_slots: int | None, limit: int | None, problems: int,
+                      source_rows: int, canaries: int, embedded: bool) -> SlotCount:
+    """n from public configuration alone, first rule that applies (assumption A1, Section VII-A).
+
+    ``data.n_slots``; else ``data.limit`` + canaries (a capacity); else the embedded task's size
+    + canaries; else the source's raw row count (valid or not) + canaries. ``problems`` is the
+    number of valid problems placed (after the limit), ``source_rows`` counts invalid rows too.
+    The count of *valid* records never sets n: with ``data.skip_invalid`` it depends on the data.
+    """
+    records = problems + canaries
+    if n_slots is not None:
+        n, source = n_slots, "data.n_slots"
+    elif limit is not None:
+        n, source = limit + canaries, "data.limit"
+    else:
+        n, source = source_rows + canaries, "embedded task" if embedded else "source rows"
+    if n < records:
+        raise ConfigError(f"{source} = {n} is smaller than the {records} records "
+                          f"(problems + canaries)")
+    return SlotCount(n, source, records)
+
+
+def read_entropy(nbytes: int) -> bytes:
+    """The operating system's cryptographic source (one call per round for OS-entropy coins)."""
+    return os.urandom(nbytes)
 
 
 class PoissonSampler:
@@ -27,14 +79,18 @@ class PoissonSampler:
         q: inclusion probability of each slot, usually m / n.
         seed: ``None`` (default) for OS entropy; an integer makes the run reproducible and
             therefore not releasable.
+        entropy: the coin source for OS-entropy mode (default :func:`read_entropy`); tests pass
+            a recorder.
     """
 
-    def __init__(self, n: int, q: float, *, seed: int | None = None) -> None:
+    def __init__(self, n: int, q: float, *, seed: int | None = None,
+                 entropy: Callable[[int], bytes] | None = None) -> None:
         if n < 1:
             raise PrivacyBudgetError(f"n must be >= 1, got {n}")
         if not 0.0 <= q <= 1.0:
             raise PrivacyBudgetError(f"q must lie in [0, 1], got {q}")
         self.n, self.q, self.seed = n, q, seed
+        self._entropy = entropy
         self._rng = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
 
     @property
@@ -54,7 +110,7 @@ class PoissonSampler:
     def _uniforms(self) -> np.ndarray:
         if self._rng is not None:
             return self._rng.random(self.n)
-        raw = np.frombuffer(os.urandom(8 * self.n), dtype=np.uint64)
+        raw = np.frombuffer((self._entropy or read_entropy)(8 * self.n), dtype="<u8")
         return (raw >> np.uint64(11)).astype(np.float64) / _TWO_POW_53  # 53-bit uniforms in [0, 1)
 
     def sample(self) -> np.ndarray:

@@ -5,9 +5,10 @@ quantities alone (assumption A1): the number of slots n, the expected batch m = 
 multiplier sigma and the number of rounds T, at delta = ``privacy.delta`` or 1/(10 n). The loss,
 clipping norm, learning rate, group size and verifier do not enter it (Corollary 2).
 
-* n is ``data.n_slots`` if set, else the number of problems of the training split (after
-  ``data.limit``) plus ``audit.canaries``, as :mod:`dpgrpo.run_setup` builds the slots; the split
-  is loaded to count it (and to check ``n_slots`` against it), the model is not.
+* n is fixed by :func:`dpgrpo.privacy.sampling.public_slot_count`, as :mod:`dpgrpo.run_setup`
+  fixes it: ``data.n_slots``, else ``data.limit`` + canaries, else the split's size (the
+  embedded task, or the raw row count of the source file) + canaries; the split is loaded to
+  count it (and to check n against the records), the model is not.
 * sigma is ``privacy.noise_multiplier`` if set, else calibrated from ``privacy.epsilon``
   (:func:`dpgrpo.privacy.accounting.calibrate`; the same calibration the trainer runs).
 """
@@ -45,24 +46,22 @@ class BudgetRow:
 
 
 def count_slots(config: RunConfig) -> int:
-    """The public n a run of ``config`` uses: ``data.n_slots``, else problems + canaries.
+    """The public n a run of ``config`` uses (:func:`~dpgrpo.privacy.sampling.public_slot_count`).
 
     Mirrors the slot logic of :func:`dpgrpo.run_setup.build_run` without loading a model or
-    writing a canary plan. Raises ConfigError if ``data.n_slots`` is below the record count.
+    writing a canary plan. Raises ConfigError if n is below the record count.
     """
-    from dpgrpo.tasks import get_task, load_problems
+    from dpgrpo.privacy.sampling import public_slot_count
+    from dpgrpo.tasks import get_task, load_split
 
     data = config.data
-    problems = load_problems(get_task(data.task), data.split, data.data_dir, source=data.source,
-                             skip_invalid=data.skip_invalid)
-    records = len(problems[:data.limit] if data.limit is not None else problems)
-    records += config.audit.canaries
-    if data.n_slots is None:
-        return records
-    if data.n_slots < records:
-        raise ConfigError(f"data.n_slots = {data.n_slots} is smaller than the {records} records "
-                          "(problems + canaries)")
-    return data.n_slots
+    task = get_task(data.task)
+    loaded = load_split(task, data.split, data.data_dir, source=data.source,
+                        skip_invalid=data.skip_invalid)
+    problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
+    return public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
+                             source_rows=len(loaded.problems) + len(loaded.skipped),
+                             canaries=config.audit.canaries, embedded=not task.needs_data_dir).n
 
 
 def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = None,

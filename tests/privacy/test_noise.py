@@ -1,0 +1,183 @@
+"""The noise generator: secret size, fresh OS key every round, statistics, tails, seeded mode,
+and the truncated-tail term of the paper presets."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from dpgrpo.config import load_config
+from dpgrpo.errors import PrivacyError
+from dpgrpo.privacy.mechanism import privatize
+from dpgrpo.privacy.noise import (
+    KEY_BYTES,
+    R_MAX,
+    SECURE_DRAWS,
+    NoiseSource,
+    box_muller,
+    check_noise_tail,
+    noise_tail_delta,
+)
+from dpgrpo.privacy.sampling import public_slot_count
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+class Recorder:
+    """A stand-in for os.urandom that records every read."""
+
+    def __init__(self) -> None:
+        self.reads: list[bytes] = []
+
+    def __call__(self, nbytes: int) -> bytes:
+        self.reads.append(os.urandom(nbytes))
+        return self.reads[-1]
+
+
+def _draw(key: bytes, count: int = 16) -> torch.Tensor:
+    source = NoiseSource(entropy=lambda n: key)
+    source.start_round()
+    return source.normal((count,), 1.0)
+
+
+def test_flipping_any_key_bit_changes_the_noise():
+    key = os.urandom(KEY_BYTES)
+    base = _draw(key)
+    assert 8 * KEY_BYTES >= 128 and NoiseSource().secret_bits == 8 * KEY_BYTES
+    for bit in range(8 * KEY_BYTES):
+        flipped = bytearray(key)
+        flipped[bit // 8] ^= 1 << (bit % 8)
+        assert not torch.equal(_draw(bytes(flipped)), base), f"key bit {bit} has no effect"
+    assert torch.equal(_draw(key), base)  # the key alone determines the round's noise
+
+
+def test_os_source_is_read_every_round_and_drives_that_round(monkeypatch):
+    recorder = Recorder()
+    monkeypatch.setattr("dpgrpo.privacy.noise.read_entropy", recorder)
+    noise = NoiseSource()  # default key source: the module's read_entropy (os.urandom)
+    empty = {"w": torch.zeros((0, 6), dtype=torch.float64)}
+    updates = [privatize(empty, clip_norm=1.0, noise_multiplier=1.0, expected_batch=1.0,
+                         noise=noise).update["w"] for _ in range(3)]
+    assert [len(r) for r in recorder.reads] == [KEY_BYTES] * 3  # one fresh key per round
+    for key, update in zip(recorder.reads, updates):  # each round's noise is its own key's
+        assert torch.equal(update, _draw(key, 6))
+    assert not torch.equal(updates[0], updates[1])
+
+
+def test_known_answer_from_the_chacha20_keystream():
+    """5 coordinates: 3 Box-Muller pairs per draw, 4 draws (12 pairs: their a words, then b,
+    then c), summed and halved, in stream order."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    key = bytes(range(KEY_BYTES))
+    stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    words = np.frombuffer(stream.update(bytes(8 * 3 * 3 * 4)), dtype="<u8").reshape(3, -1)
+    expected = box_muller(words).reshape(4, 6).sum(dim=0)[:5] / 2.0
+    assert torch.equal(_draw(key, 5), expected)
+
+
+def test_noise_before_start_round_is_refused():
+    with pytest.raises(PrivacyError, match="start_round"):
+        NoiseSource().normal((3,), 1.0)
+    assert torch.equal(NoiseSource().normal((3,), 0.0), torch.zeros(3, dtype=torch.float64))
+
+
+def test_noise_is_fp64_with_std_sigma_c_chi_square():
+    """Chi-square test of the variance of 400,000 secure coordinates at false-alarm 1e-6."""
+    noise, std, n = NoiseSource(), 0.8 * 0.05, 400_000
+    noise.start_round()
+    z = noise.normal((n,), std)
+    assert z.dtype == torch.float64 and z.device.type == "cpu"
+    unit = noise.normal((1000,), 1.0)
+    assert float((unit.float().double() != unit).double().mean()) > 0.99  # fp64, not fp32 values
+    stat = float(z.pow(2).sum()) / std ** 2
+    assert 2 * min(stats.chi2.cdf(stat, n), stats.chi2.sf(stat, n)) > 1e-6
+    assert stats.kstest(z.numpy() / std, "norm").pvalue > 1e-6
+
+
+def test_moderate_tail_rate_on_a_large_draw():
+    """|z| > 4 has probability 6.33e-5: its count on 2^21 draws is Poisson(132.8)."""
+    noise, n = NoiseSource(), 1 << 21
+    noise.start_round()
+    count = int((noise.normal((n,), 1.0).abs() > 4.0).sum())
+    expected = n * 2 * stats.norm.sf(4.0)
+    assert stats.poisson.cdf(count, expected) > 1e-6 and stats.poisson.sf(count - 1, expected) > 1e-6
+
+
+def test_tail_beyond_six_sigma_has_the_gaussian_shape():
+    """Conditioned on the radius uniform being below e^-18 (the event R > 6, probability
+    e^-18 exactly, since the top word is uniform), R^2 - 36 must be Exp(mean 2): memoryless."""
+    rng = np.random.default_rng(0)  # test input words only; the generator is not involved
+    m, top = 50_000, int(math.exp(-18.0) * 2.0 ** 64)
+    words = np.stack([rng.integers(0, top, m, dtype=np.uint64),
+                      rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True),
+                      rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True)])
+    z = box_muller(words).reshape(2, m).numpy()
+    r2 = (z ** 2).sum(axis=0)
+    assert r2.min() > 36.0
+    assert stats.kstest(r2 - 36.0, "expon", args=(0, 2.0)).pvalue > 1e-6
+
+
+def test_largest_reachable_draw_is_r_max():
+    extreme = box_muller(np.array([[0, 0], [0, 2 ** 64 - 1], [0, 0]], dtype=np.uint64)).tolist()
+    assert extreme[0] == pytest.approx(math.sqrt(2 * 128 * math.log(2)), rel=1e-12) == R_MAX
+    assert extreme[1] == pytest.approx(math.sqrt(2 * 64 * math.log(2)), rel=1e-9)
+    assert extreme[2:] == [0.0, 0.0]  # sines of angle 0
+    assert R_MAX > 13.3 and SECURE_DRAWS == 4
+
+
+def test_seeded_mode_is_reproducible_resumable_and_not_releasable():
+    a, b, c = NoiseSource(seed=3), NoiseSource(seed=3), NoiseSource(seed=4)
+    assert not a.releasable and a.secret_bits == 0
+    rounds = []
+    for _ in range(3):
+        for src in (a, b, c):
+            src.start_round()
+        za, zb, zc = (src.normal((5,), 1.0) for src in (a, b, c))
+        assert torch.equal(za, zb) and not torch.equal(za, zc)
+        rounds.append(za)
+    assert not torch.equal(rounds[0], rounds[1])  # a new key every round
+    state = a.state_dict()
+    assert state == {"source": "seeded", "seed": 3, "round": 3}
+    resumed = NoiseSource(seed=3)
+    resumed.load_state_dict(state)
+    a.start_round()
+    resumed.start_round()
+    assert torch.equal(a.normal((5,), 1.0), resumed.normal((5,), 1.0))
+    with pytest.raises(PrivacyError):
+        NoiseSource().load_state_dict(state)
+    assert NoiseSource().state_dict() == {"source": "os-entropy"}
+
+
+def _qwen_lora_coordinates(rank: int = 4) -> int:
+    """Qwen2.5-1.5B: 28 layers, hidden 1536, MLP 8960, k/v projections 256 wide."""
+    h, mlp, kv, layers = 1536, 8960, 256, 28
+    shapes = [(h, h), (h, kv), (h, kv), (h, h), (h, mlp), (h, mlp), (mlp, h)]
+    return layers * sum(rank * (i + o) for i, o in shapes)
+
+
+@pytest.mark.parametrize("preset", ["math", "gsm8k", "csqa"])
+def test_tail_term_of_the_paper_presets_is_below_one_percent_of_delta(preset):
+    cfg = load_config(CONFIGS / f"{preset}.toml")
+    d = _qwen_lora_coordinates(cfg.model.lora_rank)
+    assert d == 4_616_192
+    count = public_slot_count(n_slots=cfg.data.n_slots, limit=cfg.data.limit, problems=0,
+                              source_rows=0, canaries=cfg.audit.canaries, embedded=False)
+    delta = 1 / (10 * count.n)
+    tail = noise_tail_delta(d, cfg.train.steps, cfg.privacy.epsilon)  # certified eps <= target
+    assert count.source == "data.limit" and 0 < tail < 0.01 * delta
+    assert tail == pytest.approx((1 + math.exp(8.0)) * cfg.train.steps * 4 * d * 2.0 ** -128)
+    check_noise_tail(tail, delta)
+
+
+def test_a_tail_term_above_one_percent_of_delta_is_refused():
+    assert noise_tail_delta(10, 5, 1.0) == pytest.approx((1 + math.e) * 200 * 2.0 ** -128)
+    assert noise_tail_delta(0, 50, 8.0) == 0.0 and noise_tail_delta(10, 5, 1e4) == math.inf
+    with pytest.raises(PrivacyError, match="1%"):
+        check_noise_tail(noise_tail_delta(10 ** 30, 10 ** 6, 8.0), 1e-5)
