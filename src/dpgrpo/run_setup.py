@@ -26,10 +26,9 @@ from dpgrpo.privacy.accounting import (
     calibrate,
     compute_epsilon,
     default_delta,
-    group_privacy,
-    replace_one,
     sampling_rate,
 )
+from dpgrpo.privacy.figures import neighbour_figures
 from dpgrpo.privacy.noise import NoiseSource
 from dpgrpo.privacy.sampling import PoissonSampler
 
@@ -227,8 +226,8 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
                           "epsilon: only the per-record gradient differs (Corollary 2)"),
     }
     if cfg.private and math.isfinite(eps):
-        cert["replace_one"] = dict(zip(("epsilon", "delta"), replace_one(eps, run.delta)))
-        cert["group_privacy_k2"] = dict(zip(("epsilon", "delta"), group_privacy(eps, run.delta, 2)))
+        # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
+        cert.update(neighbour_figures(ledger.events, run.delta, cfg.privacy.group_sizes))
         if cfg.privacy.noise_multiplier is None:
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:
