@@ -62,3 +62,20 @@ def test_paper_presets_load():
     math_cfg = load_config(configs / "math.toml")
     assert (math_cfg.train.steps, math_cfg.privacy.expected_batch, math_cfg.train.group_size) == (50, 128, 8)
     assert math_cfg.privacy.clip_norm == pytest.approx(0.05536)
+
+
+def test_group_sizes_are_public_validated_integers(tmp_path):
+    assert embedded_default().privacy.group_sizes == (2, 3)
+    cfg = apply_overrides(embedded_default(), ["privacy.group_sizes=2, 5,8"])
+    assert cfg.privacy.group_sizes == (2, 5, 8)
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml(cfg))
+    assert "group_sizes = [2, 5, 8]" in path.read_text()
+    assert load_config(path).privacy.group_sizes == (2, 5, 8)
+    assert apply_overrides(cfg, ["privacy.group_sizes="]).privacy.group_sizes == ()
+    for bad in ("1", "2,2", "9", "two", "2.5", "0"):
+        with pytest.raises(ConfigError, match="group_sizes"):
+            apply_overrides(cfg, [f"privacy.group_sizes={bad}"])
+    path.write_text("[privacy]\ngroup_sizes = [true]\n")
+    with pytest.raises(ConfigError, match="group_sizes"):
+        load_config(path)

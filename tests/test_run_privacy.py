@@ -30,9 +30,11 @@ CERTIFICATE_KEYS = {
     "accountant_version", "rdp_epsilon", "rdp_order", "ledger", "seeded", "releasable", "noise",
     "noise_generator", "trainable_coordinates", "model", "task", "group_size", "canary_slots",
     "dpgrpo_version", "assumptions", "budget_independent_of", "shared_budget", "replace_one",
-    "group_privacy_k2", "target_epsilon", "not_releasable_because",
+    "group_privacy", "target_epsilon", "not_releasable_because", "record_isolation",
 }
-NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2", "A3", "A4"}
+NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2", "A3", "A4",
+               "relation", "group", "method", "basis", "meaningful", "gradients", "rollouts",
+               "rollout_mode", "verifier"}
 
 
 def tiny_config(model_dir, *extra: str) -> RunConfig:

@@ -117,12 +117,26 @@ def _release_readme(cert: dict[str, Any]) -> str:
     eps = cert.get("epsilon")
     status = ("releasable" if cert.get("releasable") else
               "NOT releasable (seeded generators or a non-private arm)")
+    protects = ""
+    if isinstance(cert.get("replace_one"), dict):  # what each figure protects (privacy/figures.py)
+        def fig(f: dict[str, Any]) -> str:
+            return f"({f.get('epsilon'):.4g}, {f.get('delta'):.3g}) [{f.get('method')}]"
+
+        groups = "; ".join(f"k = {g.get('group')}: {fig(g)}" for g in cert.get("group_privacy", []))
+        protects = (
+            f"What each figure protects, all at the same delta: epsilon = {eps} protects one "
+            "problem (with its reference answer) added to or removed from the training set; "
+            f"replace-one {fig(cert['replace_one'])} protects one problem swapped for another; "
+            f"a person who contributed k problems, all added or removed together, is protected "
+            f"at {groups or 'no group size listed (privacy.group_sizes)'}. Larger k weakens the "
+            "guarantee; `dpgrpo privacy convert --ledger certificate.json --delta DELTA --group K` "
+            "computes any k.\n\n")
     return (f"# dpgrpo release\n\nLoRA adapter for `{cert.get('model')}` trained with arm "
             f"`{cert.get('arm')}`.\n\nGuarantee: ({eps}, {cert.get('delta')})-DP with respect to "
             f"adding or removing one training prompt (n = {cert.get('n')} public slots), "
             f"{cert.get('rounds_charged')} rounds of the Poisson-subsampled Gaussian mechanism "
             f"(q = {cert.get('q')}, sigma = {cert.get('sigma')}), accounted with "
-            f"{cert.get('accountant')}. Status: {status}.\n\nLoad with "
+            f"{cert.get('accountant')}. Status: {status}.\n\n{protects}Load with "
             "`peft.PeftModel.from_pretrained(base_model, this_directory)`; see certificate.json.\n")
 
 

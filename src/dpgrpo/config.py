@@ -23,6 +23,7 @@ ARMS = ("dp-grpo", "zero-advantage", "shuffled-reward", "positive-only", "non-pr
         "filtered-sft", "gold-sft")
 GRPO_ARMS = ("dp-grpo", "zero-advantage", "shuffled-reward", "positive-only", "non-private")
 SFT_ARMS = ("filtered-sft", "gold-sft")
+MAX_GROUP_SIZE = 8  # certificate group figures cost about k^2 seconds at every checkpoint
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,15 @@ class PrivacyConfig:
     clip_norm: float = 0.055
     noise_multiplier: float | None = None  # None: calibrated from epsilon
     seed: int | None = None  # debugging only: a seeded run is not releasable
+    group_sizes: tuple[int, ...] = (2, 3)  # certificate: k prompts of one person (2..8)
 
     def __post_init__(self) -> None:
+        ks = self.group_sizes
+        if any(isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= MAX_GROUP_SIZE
+               for k in ks) or len(set(ks)) != len(ks):
+            raise ConfigError(f"privacy.group_sizes must be distinct integers in [2, "
+                              f"{MAX_GROUP_SIZE}] (k = 1 is epsilon itself; larger k: "
+                              f"`dpgrpo privacy convert --group K`), got {list(ks)}")
         if not self.expected_batch > 0:
             raise ConfigError(f"privacy.expected_batch must be > 0, got {self.expected_batch}")
         if not self.clip_norm > 0:
@@ -190,6 +198,12 @@ _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
             "train": TrainConfig, "audit": AuditConfig}
 
 
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(value)
+    return int(str(value).strip()) if isinstance(value, str) else int(value)
+
+
 def _coerce(section: str, key: str, value: Any) -> Any:
     cls = _CLASSES[section]
     hints = typing.get_type_hints(cls)
@@ -208,6 +222,8 @@ def _coerce(section: str, key: str, value: Any) -> Any:
     try:
         if typing.get_origin(base) is tuple or base is tuple:
             items = value.split(",") if isinstance(value, str) else list(value)
+            if typing.get_args(base)[:1] == (int,):
+                return tuple(_integer(v) for v in items if str(v).strip())
             return tuple(str(v).strip() for v in items if str(v).strip())
         if base is bool:
             if isinstance(value, bool):
@@ -289,6 +305,8 @@ def to_toml(config: RunConfig) -> str:
                 lines.append(f"{key} = {str(value).lower()}")
             elif isinstance(value, (int, float)):
                 lines.append(f"{key} = {value!r}")
+            elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+                lines.append(f"{key} = [{', '.join(str(v) for v in value)}]")
             elif isinstance(value, (list, tuple)):
                 lines.append(f"{key} = [{', '.join(repr(str(v)).replace(chr(39), chr(34)) for v in value)}]")
             else:

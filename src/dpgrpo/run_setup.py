@@ -28,10 +28,9 @@ from dpgrpo.privacy.accounting import (
     calibrate,
     compute_epsilon,
     default_delta,
-    group_privacy,
-    replace_one,
     sampling_rate,
 )
+from dpgrpo.privacy.figures import neighbour_figures
 from dpgrpo.privacy.noise import GENERATOR, NoiseSource, check_noise_tail, noise_tail_delta
 from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount, public_slot_count
 
@@ -252,6 +251,26 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
                     coordinates=coordinates, _rollout_gen=rollout_gen)
 
 
+def record_isolation(rollout_mode: str) -> dict[str, str]:
+    """What the run did about assumption A2's execution gaps (stated in the certificate)."""
+    rollouts = (
+        "isolated: each prompt's G completions were generated in calls holding that prompt "
+        "alone, unpadded, with its own seed, so they do not depend on which prompts shared "
+        "the round" if rollout_mode == "isolated" else
+        "batched: completions of several prompts were generated in shared, padded calls; "
+        "floating-point kernels are not batch-invariant, so a prompt's completions can depend "
+        "on its batch-mates in the last bits (the paper's A2 gap, not quantified; set "
+        "train.rollout_isolation = 'isolated' to remove it)")
+    return {
+        "gradients": "exact: every pass holds rows of one prompt on that prompt's own columns, "
+                     "so its gradient and reference log-probs are bit-identical whatever its "
+                     "batch-mates (dpgrpo verify: batchmate_isolation)",
+        "rollouts": rollouts,
+        "rollout_mode": rollout_mode,
+        "verifier": "the verifier's wall-clock limit can couple a reward to machine load",
+    }
+
+
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
     """The privacy certificate written to release/certificate.json."""
     cfg = run.config
@@ -274,6 +293,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "noise_generator": GENERATOR, "trainable_coordinates": run.coordinates,
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
+        "record_isolation": record_isolation(cfg.train.rollout_isolation),
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
         "shared_budget": ("every arm (dp-grpo, zero-advantage, ladder, filtered-sft, gold-sft) run "
                           f"with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
@@ -281,8 +301,8 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
                           "epsilon: only the per-record gradient differs (Corollary 2)"),
     }
     if cfg.private and math.isfinite(eps):
-        cert["replace_one"] = dict(zip(("epsilon", "delta"), replace_one(eps, run.delta)))
-        cert["group_privacy_k2"] = dict(zip(("epsilon", "delta"), group_privacy(eps, run.delta, 2)))
+        # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
+        cert.update(neighbour_figures(ledger.events, run.delta, cfg.privacy.group_sizes))
         if cfg.privacy.noise_multiplier is None:
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:
@@ -292,4 +312,4 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
     return cert
 
 
-__all__ = ["RunState", "build_run", "certificate", "compute_epsilon", "resolve_device"]
+__all__ = ["RunState", "build_run", "certificate", "record_isolation", "compute_epsilon", "resolve_device"]

@@ -86,3 +86,65 @@ def test_verify_fails_when_a_check_fails(monkeypatch):
     monkeypatch.setattr(verify, "CHECKS", verify.CHECKS + [broken])
     results = verify.run_checks(("mechanism",))
     assert not results[-1].passed and results[-1].check == "always_fails"
+
+
+def _convert(*args: str) -> dict:
+    from typer.testing import CliRunner
+
+    from dpgrpo.cli import app
+
+    result = CliRunner().invoke(app, ["privacy", "convert", *args, "--json"])  # in process: the
+    assert result.exit_code == 0, result.output  # round PLDs built once are cached for the rest
+    return json.loads(result.output)
+
+
+MECHANISM = ["--n", "1000", "--expected-batch", "20", "--steps", "30", "--sigma", "1.0"]
+
+
+def test_convert_accounts_the_mechanism_and_the_ledger(tmp_path):
+    from dpgrpo.privacy.accounting import RoundEvent, group_epsilon, replace_one_epsilon
+
+    events = [RoundEvent(0.02, 1.0, 30)]
+    group = _convert(*MECHANISM, "--group", "3")  # delta defaults to 1/(10 n)
+    assert {"epsilon", "delta", "relation", "group", "method"} <= group.keys()
+    assert (group["relation"], group["group"], group["method"], group["delta"]) == \
+        ("add-or-remove-one", 3, "pld-accountant", 1e-4)
+    assert group["epsilon"] == group_epsilon(events, 1e-4, 3)
+    ledger = PrivacyLedger(events)
+    path = tmp_path / "ledger.json"
+    path.write_text(ledger.to_json())
+    replace = _convert("--ledger", str(path), "--delta", "1e-4", "--relation", "replace-one")
+    assert (replace["relation"], replace["group"], replace["method"]) == \
+        ("replace-one", 1, "pld-accountant")
+    assert replace["epsilon"] == replace_one_epsilon(events, 1e-4)
+    cert = tmp_path / "certificate.json"  # a release's certificate carries its ledger
+    cert.write_text(json.dumps({"epsilon": 1.0, "ledger": ledger.to_dict()}))
+    assert _convert("--ledger", str(cert), "--delta", "1e-4", "--group", "3") == group
+    swap = _convert(*MECHANISM, "--group", "2", "--relation", "replace-one")
+    assert swap["method"] == "generic-conversion" and swap["delta"] == 1e-4
+
+
+def test_convert_from_epsilon_alone_is_the_generic_conversion():
+    data = _convert("--epsilon", "8", "--delta", "1e-5", "--group", "3")
+    assert data["method"] == "generic-conversion" and data["meaningful"] is False
+    assert data["epsilon"] == 24.0 and data["delta"] == pytest.approx(266.58, abs=0.01)
+    data = _convert("--epsilon", "8", "--delta", "1e-4", "--relation", "replace-one")
+    assert (data["epsilon"], round(data["delta"], 3), data["relation"]) == (16.0, 0.298, "replace-one")
+
+
+@pytest.mark.parametrize("args", [
+    ["--epsilon", "8"],  # no delta
+    ["--epsilon", "8", "--delta", "1e-5", *MECHANISM],  # two sources
+    [],  # no source
+    ["--n", "1000", "--steps", "30"],  # incomplete mechanism
+    [*MECHANISM[:-1], "0"],  # sigma 0
+    [*MECHANISM, "--group", "0"],
+    [*MECHANISM, "--relation", "swap"],
+    ["--ledger", "/nonexistent/ledger.json", "--delta", "1e-5"],
+    ["--ledger", "ledger.json"],  # no delta
+])
+def test_convert_bad_arguments_exit_2_with_one_line(args):
+    out = _dpgrpo("privacy", "convert", *args)
+    lines = [line for line in out.stderr.strip().splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stdout == ""

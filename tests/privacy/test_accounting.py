@@ -14,9 +14,11 @@ from dpgrpo.privacy.accounting import (
     calibrate,
     compute_epsilon,
     default_delta,
+    group_epsilon,
     group_privacy,
     pld_epsilon,
     replace_one,
+    replace_one_epsilon,
 )
 
 # (n, m, sigma at full precision (Table VII), T, PLD eps (Table VI), RDP eps, RDP order)
@@ -148,3 +150,58 @@ def test_calibration_survives_a_dead_helper_process(monkeypatch):
     cal = calibration.calibrate(2000, 40, 10, 2.0)
     assert cal.epsilon <= 2.0 < cal.epsilon_below
     assert cal.sigma == calibration.calibrate(2000, 40, 10, 2.0, parallel=False).sigma
+
+
+# --------------------------------------------------------------------------------------------
+# Replace-one and group figures of the bare `dpgrpo train` (issue 17)
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bare_run():
+    """The ledger and delta of a bare `dpgrpo train`, derived from the code: n from the
+    arithmetic task, m and T from embedded_default(), sigma calibrated as build_run does."""
+    from dpgrpo.config import embedded_default
+    from dpgrpo.tasks import get_task, load_problems
+
+    cfg = embedded_default()
+    n = len(load_problems(get_task(cfg.data.task), cfg.data.split, cfg.data.data_dir))
+    m, steps, delta = cfg.privacy.expected_batch, cfg.train.steps, default_delta(n)
+    sigma = calibrate(n, m, steps, cfg.privacy.epsilon, delta).sigma
+    assert (n, m, steps, delta) == (1000, 2.0, 12, 1e-4) and abs(sigma - 0.2922) < 1e-4
+    return [RoundEvent(m / n, sigma, steps)], delta
+
+
+def test_bare_run_replace_one_and_group_figures(bare_run):
+    events, delta = bare_run
+    eps = pld_epsilon(events, delta)
+    replace = replace_one_epsilon(events, delta)
+    group = {k: group_epsilon(events, delta, k) for k in (1, 2, 3)}
+    assert round(eps, 3) == 8.0
+    assert round(replace, 3) == 8.012  # the generic conversion says (16.0, 0.298)
+    assert round(group[2], 2) == 10.17 and round(group[3], 2) == 12.61  # generic: (16.0, 0.596)
+    # k = 1 through the mixture-of-Gaussians PLD is the add-or-remove-one figure itself.
+    assert group[1] == pytest.approx(eps, abs=1e-6)
+    assert eps < replace < group[2] < group[3]
+    assert replace_one(eps, delta)[1] > 0.29 and group_privacy(eps, delta, 2)[1] > 0.59
+
+
+def test_group_epsilon_beats_proposition_1():
+    events = [RoundEvent(0.02, 1.0, 30)]
+    eps = pld_epsilon(events, 1e-5)
+    for k in (2, 3):
+        eps_k, delta_k = group_privacy(eps, 1e-5, k)  # Proposition 1: (k eps, k e^((k-1)eps) delta)
+        assert delta_k < 1
+        assert group_epsilon(events, delta_k, k) < 0.9 * eps_k
+
+
+def test_figures_of_degenerate_ledgers():
+    assert group_epsilon([], 1e-5, 3) == 0.0 and replace_one_epsilon([], 1e-5) == 0.0
+    assert group_epsilon([RoundEvent(0.0, 0.0, 5)], 1e-5, 2) == 0.0  # never sampled: no cost
+    noisy_free = [RoundEvent(0.1, 1.0, 2), RoundEvent(0.1, 0.0, 1)]
+    assert math.isinf(group_epsilon(noisy_free, 1e-5, 2))
+    assert math.isinf(replace_one_epsilon(noisy_free, 1e-5))
+    for bad in (0, -1, 1.5):
+        with pytest.raises(PrivacyBudgetError):
+            group_epsilon([RoundEvent(0.1, 1.0, 2)], 1e-5, bad)
+    with pytest.raises(PrivacyBudgetError):
+        replace_one_epsilon([RoundEvent(0.1, 1.0, 2)], 1.0)

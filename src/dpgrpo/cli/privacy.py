@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dpgrpo.errors import PrivacyBudgetError
+
+if TYPE_CHECKING:
+    from dpgrpo.privacy.accounting import PrivacyLedger
 
 privacy_app = typer.Typer(help="Privacy accounting: epsilon, sigma calibration, ledgers.",
                           no_args_is_help=True)
@@ -26,6 +28,19 @@ def _emit(data: dict, as_json: bool, title: str) -> None:
     for key, value in data.items():
         table.add_row(key, f"{value:.10g}" if isinstance(value, float) else str(value))
     Console().print(table)
+
+
+def _load_ledgers(paths: list[Path]) -> "PrivacyLedger":
+    from dpgrpo.privacy.accounting import PrivacyLedger
+
+    ledgers = []
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+            ledgers.append(PrivacyLedger.from_dict(data.get("ledger", data)))  # or a certificate
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise PrivacyBudgetError(f"{path}: not a readable ledger ({err})") from err
+    return PrivacyLedger.compose(ledgers)
 
 
 @privacy_app.command("calibrate")
@@ -65,41 +80,68 @@ def epsilon_cmd(
 
 @privacy_app.command("ledger")
 def ledger_cmd(
-    paths: list[Path] = typer.Argument(..., help="ledger.json files (several: composed)."),
+    paths: list[Path] = typer.Argument(..., help="ledger.json or certificate.json files "
+                                                 "(several: composed)."),
     delta: float = typer.Option(..., "--delta", help="delta at which to report epsilon."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Recompute epsilon from one or more saved ledgers (several runs on the same data compose)."""
-    from dpgrpo.privacy.accounting import PrivacyLedger
-
-    ledgers = []
-    for path in paths:
-        try:
-            ledgers.append(PrivacyLedger.load(path))
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise PrivacyBudgetError(f"{path}: not a readable ledger ({err})") from err
-    ledger = PrivacyLedger.compose(ledgers)
+    ledger = _load_ledgers(paths)
     rdp, order = ledger.rdp_epsilon(delta)
     _emit({"epsilon": ledger.epsilon(delta), "delta": delta, "rounds": ledger.rounds,
-           "rdp_epsilon": rdp, "rdp_order": order, "runs": len(ledgers)}, as_json, "ledger")
+           "rdp_epsilon": rdp, "rdp_order": order, "runs": len(paths)}, as_json, "ledger")
 
 
 @privacy_app.command("convert")
 def convert_cmd(
-    epsilon: float = typer.Option(..., "--epsilon"),
-    delta: float = typer.Option(..., "--delta"),
-    group: int = typer.Option(1, "--group", help="Prompts contributed by one person (group privacy)."),
-    replace_one: bool = typer.Option(False, "--replace-one", help="Replace-one neighbours."),
+    ledgers: list[Path] = typer.Option([], "--ledger", help="ledger.json or certificate.json of a "
+                                       "run (repeatable: runs on the same data compose)."),
+    n: Optional[int] = typer.Option(None, "--n", help="Number of public slots n (with "
+                                                      "--expected-batch, --steps, --sigma)."),
+    expected_batch: Optional[float] = typer.Option(None, "--expected-batch", help="Expected prompts per round m."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Number of rounds T."),
+    sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise multiplier sigma (> 0)."),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Only an add-or-remove-one "
+                                            "(epsilon, delta) is known: generic conversion."),
+    delta: Optional[float] = typer.Option(None, "--delta", help="delta (default 1/(10 n) with "
+                                                                "--n; required otherwise)."),
+    group: int = typer.Option(1, "--group", help="Prompts of one person, added/removed or "
+                                                 "swapped together (k)."),
+    relation: str = typer.Option("add-or-remove-one", "--relation",
+                                 help="add-or-remove-one or replace-one (one prompt swapped)."),
+    replace_one: bool = typer.Option(False, "--replace-one", hidden=True,
+                                     help="Same as --relation replace-one."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Convert an add/remove prompt-level guarantee to replace-one or person-level terms."""
-    from dpgrpo.privacy import accounting
+    """Guarantee for one prompt swapped (replace-one) or a person's k prompts, at the same delta.
 
-    eps, dlt = accounting.group_privacy(epsilon, delta, group)
-    if replace_one:
-        eps, dlt = accounting.replace_one(eps, dlt)
-    _emit({"epsilon": eps, "delta": dlt, "group": group, "replace_one": replace_one,
-           "meaningful": bool(math.isfinite(eps) and dlt < 1)}, as_json, "converted guarantee")
+    A ledger or (n, m, T, sigma) is accounted directly (PLD accountant).
+
+    --epsilon/--delta alone: generic conversion (Proposition 1, Corollary 1).
+    """
+    relation = "replace-one" if replace_one else relation
+    mechanism = (n, expected_batch, steps, sigma)
+    if sum([bool(ledgers), any(v is not None for v in mechanism), epsilon is not None]) != 1:
+        raise PrivacyBudgetError("give exactly one of --ledger, --n/--expected-batch/--steps/"
+                                 "--sigma, or --epsilon with --delta")
+    if (epsilon is not None or ledgers) and delta is None:
+        raise PrivacyBudgetError("--epsilon and --ledger need --delta (a ledger does not record n)")
+    from dpgrpo.privacy.accounting import RoundEvent, default_delta, sampling_rate
+    from dpgrpo.privacy.figures import converted_figure, neighbour_figure
+
+    if epsilon is not None and delta is not None:
+        figure = converted_figure(epsilon, delta, relation, group)
+    elif ledgers and delta is not None:
+        figure = neighbour_figure(_load_ledgers(ledgers).events, delta, relation, group)
+    elif n is not None and expected_batch is not None and steps is not None and sigma is not None:
+        if steps < 1 or not sigma > 0:
+            raise PrivacyBudgetError(f"need --steps >= 1 and --sigma > 0, got {steps}, {sigma}")
+        events = [RoundEvent(sampling_rate(n, expected_batch), sigma, steps)]
+        delta = default_delta(n) if delta is None else delta
+        figure = neighbour_figure(events, delta, relation, group)
+    else:
+        raise PrivacyBudgetError("--n, --expected-batch, --steps and --sigma go together")
+    _emit(figure.to_dict(), as_json, "guarantee")
 
 
 @privacy_app.command("report")

@@ -13,12 +13,16 @@ the clipping norm C, the loss or the verifier (Theorem 1).
   overshoots: the returned sigma is certified by an evaluation at the default discretization.
 * :class:`PrivacyLedger` is the record of every round that touched data; epsilon is recomputed
   from it, never stored as the only truth.
-* :func:`replace_one` and :func:`group_privacy` convert the add/remove guarantee (Corollary 1,
-  Proposition 1).
+* :func:`replace_one_epsilon` and :func:`group_epsilon` account the same ledger directly under
+  replace-one neighbours and for a group of k prompts (one person's problems), at the same delta
+  (:mod:`dpgrpo.privacy.group`); :mod:`dpgrpo.privacy.figures` labels them for the certificate.
+* :func:`replace_one` and :func:`group_privacy` are the generic conversions of an (eps, delta)
+  pair (Corollary 1, Proposition 1), for when only that pair is known.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -31,8 +35,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpgrpo.errors import PrivacyBudgetError
+from dpgrpo.privacy.group import ADD_OR_REMOVE, REPLACE, composed_pld
 
-NEIGHBOURING_RELATION = "add-or-remove-one"
+NEIGHBOURING_RELATION = ADD_OR_REMOVE
 ACCOUNTANT = "dp_accounting PLD (pessimistic connect-the-dots)"
 DEFAULT_DISCRETIZATION = 1e-4  # dp_accounting's default value_discretization_interval
 
@@ -233,6 +238,54 @@ class PrivacyLedger:
         return out
 
 
+# --------------------------------------------------------------------------------------------
+# Replace-one and groups: the same ledger accounted under other neighbouring relations
+# --------------------------------------------------------------------------------------------
+
+def private_rounds(events: Sequence[RoundEvent]) -> tuple[tuple[float, float, int], ...] | None:
+    """The rounds that cost privacy as (q, sigma, count); None if a sampled round had no noise."""
+    if any(not e.is_private for e in events):
+        return None
+    return tuple((e.sampling_rate, e.noise_multiplier, int(e.count))
+                 for e in events if e.sampling_rate > 0.0)
+
+
+@functools.lru_cache(maxsize=128)
+def _accountant_epsilon(rounds: tuple[tuple[float, float, int], ...], delta: float, k: int,
+                        relation: str, vdi: float) -> float:
+    if not rounds:
+        return 0.0
+    return float(composed_pld(rounds, k, relation, vdi).get_epsilon_for_delta(delta))
+
+
+def replace_one_epsilon(events: Sequence[RoundEvent], delta: float, *,
+                        value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
+    """PLD epsilon at ``delta`` under replace-one neighbours (one prompt swapped for another):
+    dp_accounting's REPLACE_ONE Poisson-subsampled Gaussian, tighter than Corollary 1."""
+    _check_delta(delta)
+    rounds = private_rounds(events)
+    if rounds is None:
+        return math.inf
+    return _accountant_epsilon(rounds, delta, 1, REPLACE, value_discretization_interval)
+
+
+def group_epsilon(events: Sequence[RoundEvent], delta: float, k: int, *,
+                  value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
+    """PLD epsilon at ``delta`` for k prompts added or removed together (one person's problems).
+
+    Each round is the mixture of Gaussians with sensitivities 0..k weighted Binomial(k, q)
+    (:mod:`dpgrpo.privacy.group`), composed over the ledger; k = 1 is :func:`pld_epsilon`.
+    Tighter than Proposition 1. Any number of records per group (the contributor level).
+    """
+    _check_delta(delta)
+    if int(k) != k or k < 1:
+        raise PrivacyBudgetError(f"group size k must be a positive integer, got {k}")
+    rounds = private_rounds(events)
+    if rounds is None:
+        return math.inf
+    return _accountant_epsilon(rounds, delta, int(k), ADD_OR_REMOVE, value_discretization_interval)
+
+
 def replace_one(epsilon: float, delta: float) -> tuple[float, float]:
     """Replace-one neighbours from add/remove: (2 eps, (1 + e^eps) delta) (Corollary 1)."""
     return 2.0 * epsilon, (1.0 + math.exp(epsilon)) * delta
@@ -258,5 +311,5 @@ def __getattr__(name: str) -> object:
 
 __all__ = ["ACCOUNTANT", "Calibration", "EpsilonReport", "NEIGHBOURING_RELATION", "PrivacyLedger",
            "RoundEvent", "accountant_version", "calibrate", "calibrate_sigma", "compute_epsilon",
-           "default_delta", "group_privacy", "pld_epsilon", "rdp_epsilon", "replace_one",
-           "sampling_rate"]
+           "default_delta", "group_epsilon", "group_privacy", "pld_epsilon", "private_rounds",
+           "rdp_epsilon", "replace_one", "replace_one_epsilon", "sampling_rate"]
