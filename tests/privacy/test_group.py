@@ -122,6 +122,7 @@ def test_generic_conversion_keeps_the_old_figures():
 def _run(cfg, ledger):
     return SimpleNamespace(config=cfg, delta=1e-5, q=0.02, sigma=1.0, clip_norm=0.05, n=1000,
                            expected_batch=20.0, seeded=False, num_canaries=0,
+                           coordinates=1000, n_source="data.n_slots",
                            noise=SimpleNamespace(releasable=True, secure=True),
                            sampler=SimpleNamespace(releasable=True))
 
