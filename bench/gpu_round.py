@@ -1,0 +1,195 @@
+"""One full DP-GRPO round at the paper's MATH shape, timed phase by phase, with peak memory.
+
+Rollouts (128 prompts x G 8, 1,024 new tokens forced to full length), the reference pass
+(adapter off), per-prompt gradients (one prompt's rows per pass), the mechanism (clip, sum,
+cryptographic fp64 noise, divide by q n) and the AdamW step, on the Qwen2.5-1.5B-Instruct
+architecture. Without local weights (``--weights DIR``) the model is built from its published
+configuration with random weights: no download, and the same shapes, so the same time and
+memory. Rewards are random (a random-weight model has nothing to verify); the verifier's CPU
+time is not part of these figures.
+
+Prints one JSON object: seconds per phase, peak GPU memory per phase (``max_memory_allocated``
+and ``max_memory_reserved``) or peak RSS on CPU, and the settings.
+
+    python bench/gpu_round.py --json                          # the MATH preset's round, CUDA
+    python bench/gpu_round.py --arch tiny --device cpu --prompts 2 --group 2 --cap 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any, Callable
+
+import torch
+
+#: Qwen2.5-1.5B-Instruct's published config.json (architecture only; weights are random here)
+QWEN25_15B = dict(vocab_size=151_936, hidden_size=1536, intermediate_size=8960,
+                  num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                  max_position_embeddings=32_768, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True, bos_token_id=151_643, eos_token_id=151_645,
+                  hidden_act="silu", sliding_window=None, use_sliding_window=False)
+TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+            tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+
+
+def build_model(arch: str, weights: str | None, dtype: torch.dtype, device: str) -> Any:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    if weights:
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
+    else:
+        config = Qwen2Config(**(QWEN25_15B if arch == "qwen2.5-1.5b" else TINY))
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.to(device).requires_grad_(False)
+
+
+class Phases:
+    """Wall time and peak memory of each named phase."""
+
+    def __init__(self, device: str) -> None:
+        self.device, self.seconds, self.peak = device, {}, {}
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        cuda = self.device.startswith("cuda")
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+            self.peak[name] = {"allocated_bytes": torch.cuda.max_memory_allocated(),
+                               "reserved_bytes": torch.cuda.max_memory_reserved()}
+        else:
+            import resource
+            self.peak[name] = {"process_peak_rss_bytes":
+                               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        self.seconds[name] = time.perf_counter() - t0
+        return out
+
+
+def rollouts(model: Any, prompts: int, group: int, cap: int, prompt_len: int, rows_per_call: int,
+             temperature: float, vocab: int, eos: int, pad: int, device: str) -> Any:
+    """G completions per prompt of exactly ``cap`` tokens (EOS suppressed), in row batches."""
+    from transformers import GenerationConfig
+
+    from dpgrpo.rollout import RolloutBatch
+
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(prompt_len // 2, prompt_len + 1, (prompts,), generator=gen)
+    width = int(lengths.max())
+    pids = torch.full((prompts, width), pad, dtype=torch.long)
+    pmask = torch.zeros((prompts, width), dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        pids[i, width - n:] = torch.randint(3, min(vocab, 100_000), (n,), generator=gen)
+        pmask[i, width - n:] = 1
+    pids, pmask = pids.repeat_interleave(group, 0), pmask.repeat_interleave(group, 0)
+    config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                              max_new_tokens=cap, min_new_tokens=cap, eos_token_id=eos,
+                              pad_token_id=pad)
+    model.eval()
+    pieces = []
+    with torch.no_grad():
+        for s in range(0, pids.shape[0], rows_per_call):
+            torch.manual_seed(s)
+            out = model.generate(input_ids=pids[s:s + rows_per_call].to(device),
+                                 attention_mask=pmask[s:s + rows_per_call].to(device),
+                                 generation_config=config)
+            pieces.append(out[:, width:].cpu())
+    model.train()
+    comp = torch.cat(pieces)                                                  # (N, cap)
+    n = comp.shape[0]
+    cmask = torch.ones_like(comp)
+    return RolloutBatch([[""] * group] * prompts, torch.cat([pids, comp], 1),
+                        torch.cat([pmask, cmask], 1),
+                        torch.cat([torch.zeros_like(pmask), cmask], 1),
+                        torch.full((n,), comp.shape[1]), torch.ones(n, dtype=torch.bool),
+                        group, prompts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", choices=["qwen2.5-1.5b", "tiny"], default="qwen2.5-1.5b")
+    parser.add_argument("--weights", default=None, help="local HF directory (optional)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--cap", type=int, default=1024)
+    parser.add_argument("--prompt-len", type=int, default=160)
+    parser.add_argument("--rollout-rows", type=int, default=512)
+    parser.add_argument("--max-tokens-per-pass", type=int, default=8192)
+    parser.add_argument("--grad-method", default="fast", choices=["fast", "reference"])
+    parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--sigma", type=float, default=0.4842404738068581)
+    parser.add_argument("--clip", type=float, default=0.05536)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from dpgrpo.config import TrainConfig
+    from dpgrpo.grads import per_prompt_grads
+    from dpgrpo.model import LoraSettings, attach_lora, enable_gradient_checkpointing
+    from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
+    from dpgrpo.privacy.mechanism import privatize
+    from dpgrpo.privacy.noise import NoiseSource
+
+    dtype = getattr(torch, args.dtype)
+    phases = Phases(args.device)
+    base = phases.run("load", lambda: build_model(args.arch, args.weights, dtype, args.device))
+    model = attach_lora(base, LoraSettings(rank=4, alpha=8, dropout=0.05)).train()
+    if args.checkpointing:
+        enable_gradient_checkpointing(model)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW(params.values(), lr=3e-4)
+    rows = TrainConfig(group_size=args.group, max_new_tokens=args.cap,
+                       max_tokens_per_pass=args.max_tokens_per_pass).rows_per_pass(args.cap)
+    cfg = base.config
+    ro = phases.run("rollouts", lambda: rollouts(
+        model, args.prompts, args.group, args.cap, args.prompt_len, args.rollout_rows, 0.7,
+        cfg.vocab_size, int(cfg.eos_token_id), 0, args.device))
+    rewards = torch.randint(0, 2, (args.prompts, args.group),
+                            generator=torch.Generator().manual_seed(2)).float()
+    ro_dev = phases.run("to_device", lambda: type(ro)(
+        ro.texts, ro.input_ids.to(args.device), ro.attention_mask.to(args.device),
+        ro.completion_mask.to(args.device), ro.completion_lengths, ro.hit_cap, ro.group_size,
+        ro.num_prompts))
+    ref = phases.run("reference_pass", lambda: reference_logprobs(model, ro_dev, batch_size=rows))
+    batch = build_grpo_batch(ro_dev, rewards.to(args.device), ref_logprobs=ref)
+    grads = phases.run("per_prompt_grads", lambda: per_prompt_grads(
+        model, GRPOObjective(beta=0.04), batch, method=args.grad_method, rows_per_pass=rows))
+    update = phases.run("mechanism", lambda: privatize(
+        grads, clip_norm=args.clip, noise_multiplier=args.sigma,
+        expected_batch=float(args.prompts), noise=NoiseSource(device=args.device)).update)
+
+    def step() -> None:
+        for name, p in params.items():
+            p.grad = update[name].to(device=p.device, dtype=p.dtype)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    phases.run("adamw_step", step)
+    train_phases = ("rollouts", "reference_pass", "per_prompt_grads", "mechanism", "adamw_step")
+    result = {
+        "arch": args.arch, "weights": "local" if args.weights else "random (from config)",
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "dtype": args.dtype, "torch": torch.__version__, "prompts": args.prompts,
+        "group": args.group, "cap": args.cap, "rows": args.prompts * args.group,
+        "row_length": int(ro.input_ids.shape[1]), "tokens": int(ro.attention_mask.sum()),
+        "rollout_rows_per_call": args.rollout_rows, "rows_per_pass": rows,
+        "grad_method": args.grad_method, "gradient_checkpointing": args.checkpointing,
+        "lora_params": sum(p.numel() for p in params.values()),
+        "seconds": phases.seconds, "round_seconds": sum(phases.seconds[k] for k in train_phases),
+        "peak_memory": phases.peak,
+    }
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
