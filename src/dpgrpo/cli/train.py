@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
@@ -42,12 +42,28 @@ def train_cmd(
         run_dir = output_dir or Path("runs") / f"{cfg.train.arm}-{time.strftime('%Y%m%d-%H%M%S')}"
         typer.echo(f"run directory: {run_dir}", err=True)
     total = cfg.train.steps if cfg is not None else None
-    with _progress(quiet, total) as on_round:
-        result = train(cfg, run_dir, resume=resume is not None, progress=on_round)
+    try:
+        with _progress(quiet, total) as on_round:
+            result = train(cfg, run_dir, resume=resume is not None, progress=on_round)
+    except KeyboardInterrupt:
+        _interrupted(run_dir)
     cert = result.certificate
     status = "releasable" if cert.get("releasable") else f"NOT releasable ({cert.get('not_releasable_because')})"
     typer.echo(f"release: {result.release_dir}  (epsilon={cert.get('epsilon'):.4g}, "
                f"delta={cert.get('delta'):.3g}, {status}; {result.steps_skipped} steps skipped)")
+
+
+def _interrupted(run_dir: Path) -> NoReturn:
+    """Ctrl-C: say what was kept and how to continue; exit status 130 (128 + SIGINT)."""
+    journal = run_dir / "recovery" / "journal.jsonl"
+    if journal.exists() and journal.stat().st_size > 0:
+        typer.secho(f"interrupted: every round started so far is charged to the privacy ledger "
+                    f"({journal}); continue with: dpgrpo train --resume {run_dir}",
+                    err=True, fg="yellow")
+    else:
+        typer.secho("interrupted before the first round: nothing was charged",
+                    err=True, fg="yellow")
+    raise typer.Exit(130)
 
 
 class _progress:
