@@ -368,3 +368,16 @@ def test_second_writer_is_refused_with_the_holders_pid(run_dir, tiny_model_dir):
         os.waitpid(pid, 0)
     assert trainer.train(None, run_dir, resume=True).rounds_done == 4
     assert not (run_dir / ".lock").exists()
+
+
+def test_the_invariant_guard_stops_an_under_count(run_dir, monkeypatch):
+    """Were the reconciliation ever skipped, rounds_charged >= rounds_retained still holds:
+    the resume stops before writing anything instead of certifying less."""
+    from dpgrpo.errors import LedgerError
+
+    monkeypatch.setattr(trainer, "reconcile", lambda journal, evidence, start: None)
+    (run_dir / "recovery" / "journal.jsonl").unlink()
+    release = (run_dir / "release" / "certificate.json").read_bytes()
+    with pytest.raises(LedgerError, match="charges 0 rounds but the model retains 4"):
+        trainer.train(None, run_dir, resume=True)
+    assert (run_dir / "release" / "certificate.json").read_bytes() == release

@@ -121,3 +121,25 @@ def test_encoding_is_canonical():
                         "sampling_rate": Q, "noise_multiplier": SIGMA})
     assert line.endswith(b"\n") and b" " not in line
     assert decode_line(line.rstrip(b"\n"))["total"] == 1
+
+
+def test_every_line_is_fsynced_before_charge_returns(tmp_path, monkeypatch):
+    import stat
+
+    import dpgrpo.privacy.journal as module
+
+    synced: list[int] = []
+    real_fsync = module.os.fsync
+
+    def fsync(fd):
+        info = module.os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):  # the journal file (its folder is synced once, too)
+            synced.append(info.st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(module.os, "fsync", fsync)
+    j = journal(tmp_path)
+    for t in range(3):
+        j.charge(t, Q, SIGMA)
+        assert synced and synced[-1] == j.path.stat().st_size  # this line included
+    assert len([s for s in synced if s > 0]) == 3
