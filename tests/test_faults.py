@@ -381,3 +381,16 @@ def test_the_invariant_guard_stops_an_under_count(run_dir, monkeypatch):
     with pytest.raises(LedgerError, match="charges 0 rounds but the model retains 4"):
         trainer.train(None, run_dir, resume=True)
     assert (run_dir / "release" / "certificate.json").read_bytes() == release
+
+
+def test_second_protocol_on_one_folder_is_refused(tiny_protocol_toml, tmp_path):
+    from dpgrpo.errors import RunLockedError
+    from dpgrpo.protocol import load_protocol_config, plan_protocol, protocol_settings, run_protocol
+    from dpgrpo.runlock import RunLock
+
+    cfg, table = load_protocol_config(tiny_protocol_toml)
+    plan = plan_protocol(cfg, protocol_settings(table), tmp_path / "out")
+    with RunLock(plan.out_dir):
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}.*one writer per protocol"):
+            run_protocol(plan)
+    assert not plan.out_dir.exists()  # the refused start left nothing behind

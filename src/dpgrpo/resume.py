@@ -112,7 +112,7 @@ def gather_evidence(run_dir: Path, q: float, sigma: float,
         "recovery/ledger.json")
     cert = _json(run_dir / "release" / "certificate.json")
     if isinstance(cert, dict):
-        if (cert.get("q"), cert.get("sigma")) != (q, sigma):
+        if {"q", "sigma"} <= cert.keys() and (cert["q"], cert["sigma"]) != (q, sigma):
             raise LedgerError(f"{run_dir / 'release' / 'certificate.json'} certifies q = "
                               f"{cert.get('q')}, sigma = {cert.get('sigma')} but the run's config "
                               f"gives q = {q}, sigma = {sigma}: the run's records contradict "
