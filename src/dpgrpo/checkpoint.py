@@ -5,83 +5,137 @@ A run directory holds two trees:
 * ``release/``: the LoRA adapter (PEFT format), the resolved public configuration
   (``config.json``) and ``certificate.json``. Only names on :data:`RELEASE_FILES` may be written
   there; anything else raises :class:`ReleaseError`.
-* ``recovery/``: optimizer state, the privacy journal, generator states and per-round training
-  telemetry (rewards, losses, lengths: private training-time data). Publishing it would void the
-  guarantee.
+* ``recovery/``: optimizer state, the privacy journal (:mod:`dpgrpo.privacy.journal`),
+  generator states and per-round training telemetry (rewards, losses, lengths: private
+  training-time data). Publishing it would void the guarantee.
 
-Every write is atomic: files go to a temporary name and are moved into place with
-``os.replace``; a checkpoint directory is complete before the ``latest`` pointer names it.
+Every write is atomic and durable: files go to a temporary name, are fsynced and moved into
+place with ``os.replace``; a checkpoint directory is complete before ``latest`` names it, and
+the last two checkpoints are kept so that a damaged newest one falls back to the one before
+(:func:`load_checkpoint`). A full disk raises :class:`DiskFullError` naming the place; a
+half-written release is never moved into ``release/``. Temporaries left by a kill are removed
+by :func:`remove_temporaries` on the next start.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from dpgrpo.errors import ConfigError, ReleaseError
-from dpgrpo.privacy.accounting import PrivacyLedger, RoundEvent
+from dpgrpo.errors import ConfigError, DiskFullError, RecoveryError, ReleaseError
 
 RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", "config.json",
                            "certificate.json", "README.md"})
+KEEP_CHECKPOINTS = 2
+_STEP = re.compile(r"step-(\d{6,})")
+
+
+@contextmanager
+def disk_full_guard(where: Path) -> Iterator[None]:
+    """Turn a full disk (ENOSPC, EDQUOT, torch's ``unexpected pos``) into :class:`DiskFullError`."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFullError(_full_message(where)) from None
+    except RuntimeError as err:  # torch's zip writer reports a short write this way
+        text = str(err)
+        if "unexpected pos" not in text and "file write failed" not in text:
+            raise
+        raise DiskFullError(_full_message(where)) from None
+
+
+def _full_message(where: Path) -> str:
+    try:
+        free = shutil.disk_usage(where if where.exists() else where.parent).free
+        left = f" ({free:,} bytes free)"
+    except OSError:
+        left = ""
+    return (f"disk full while writing {where}{left}: nothing half-written was kept; free "
+            "space, then resume the run (dpgrpo train --resume RUN_DIR)")
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # not every filesystem can sync a directory
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file in the same folder, fsync, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with disk_full_guard(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-class PrivacyJournal:
-    """Durable, append-only record of every round that touched data (invariant 5).
+def append_lines(path: Path, lines: list[str]) -> None:
+    """Append lines to a JSONL file, first ending a line torn by a crash (fsynced)."""
+    if not lines:
+        return
+    with disk_full_guard(path), open(path, "a+b") as fh:
+        if fh.tell() > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+        fh.write("".join(line + "\n" for line in lines).encode())
+        fh.flush()
+        os.fsync(fh.fileno())
 
-    The trainer charges a round *before* it samples: a line is appended and fsynced. A resumed
-    run rebuilds its ledger from the journal, so rounds that were lost and replayed are charged
-    twice, never zero times.
-    """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def charge(self, round_index: int, sampling_rate: float, noise_multiplier: float) -> None:
-        line = json.dumps({"round": round_index, "sampling_rate": sampling_rate,
-                           "noise_multiplier": noise_multiplier})
-        with open(self.path, "a") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def ledger(self) -> PrivacyLedger:
-        ledger = PrivacyLedger()
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    e = json.loads(line)
-                    ledger.record(e["sampling_rate"], e["noise_multiplier"])
-        return ledger
-
-    def entries(self) -> int:
-        return self.ledger().rounds
+def remove_temporaries(run_dir: Path) -> list[str]:
+    """Delete what a killed write left behind (``.step-*``, ``.release-*``, ``.tmp-*``)."""
+    found = [p for p in run_dir.glob(".release-*")]
+    recovery = run_dir / "recovery"
+    if recovery.is_dir():
+        found += [p for p in recovery.iterdir() if p.name.startswith(".")]
+    for path in found:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return sorted(p.name for p in found)
 
 
 def write_release(release_dir: Path, *, model: Any, config: dict[str, Any],
@@ -89,28 +143,39 @@ def write_release(release_dir: Path, *, model: Any, config: dict[str, Any],
     """Write the release atomically: build it beside the target, then swap directories."""
     parent = release_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".release-"))
-    try:
-        with warnings.catch_warnings():  # PEFT looks for the base's config.json to compare
-            warnings.filterwarnings("ignore", message="Could not find a config file")
-            model.save_pretrained(str(tmp))
-        atomic_write_json(tmp / "config.json", config)
-        atomic_write_json(tmp / "certificate.json", certificate)
-        atomic_write_text(tmp / "README.md", _release_readme(certificate))
-        stray = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
-        if stray:
-            raise ReleaseError(f"refusing to release unexpected files {stray}: only "
-                               f"{sorted(RELEASE_FILES)} may leave the curator")
-        old = parent / ".release-old"
-        if old.exists():
-            shutil.rmtree(old)
-        if release_dir.exists():
-            os.replace(release_dir, old)
-        os.replace(tmp, release_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with disk_full_guard(release_dir):
+        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".release-"))
+        try:
+            _build_release(tmp, model, config, certificate)
+            old = parent / ".release-old"
+            if old.exists():
+                shutil.rmtree(old)
+            if release_dir.exists():
+                os.replace(release_dir, old)
+            os.replace(tmp, release_dir)
+            _fsync_dir(parent)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_release(tmp: Path, model: Any, config: dict[str, Any],
+                   certificate: dict[str, Any]) -> None:
+    with warnings.catch_warnings():  # PEFT looks for the base's config.json to compare
+        warnings.filterwarnings("ignore", message="Could not find a config file")
+        warnings.filterwarnings("ignore", message="Unable to fetch remote file")
+        # The LoRA never resizes the vocabulary: no need to save (or look up) embeddings.
+        model.save_pretrained(str(tmp), save_embedding_layers=False)
+    atomic_write_json(tmp / "config.json", config)
+    atomic_write_json(tmp / "certificate.json", certificate)
+    atomic_write_text(tmp / "README.md", _release_readme(certificate))
+    stray = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
+    if stray:
+        raise ReleaseError(f"refusing to release unexpected files {stray}: only "
+                           f"{sorted(RELEASE_FILES)} may leave the curator")
+    for path in tmp.iterdir():
+        _fsync_file(path)
 
 
 def _release_readme(cert: dict[str, Any]) -> str:
@@ -143,36 +208,102 @@ def _release_readme(cert: dict[str, Any]) -> str:
 def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
                   optimizer: torch.optim.Optimizer, generators: dict[str, Any],
                   extra: dict[str, Any]) -> Path:
-    """Write ``recovery/step-XXXXXX`` atomically and point ``recovery/latest`` at it."""
+    """Write ``recovery/step-XXXXXX`` atomically and point ``recovery/latest`` at it.
+
+    ``step-XXXXXX/meta.json`` repeats ``round_done`` and the ledger (``extra["ledger"]``) so
+    that resume can read what every checkpoint proves without loading it.
+    """
     recovery_dir.mkdir(parents=True, exist_ok=True)
     final = recovery_dir / f"step-{round_done:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=recovery_dir, prefix=".step-"))
-    try:
-        adapter = {k: v.detach().cpu() for k, v in model.named_parameters() if v.requires_grad}
-        torch.save({"round_done": round_done, "adapter": adapter,
-                    "optimizer": optimizer.state_dict(), "generators": generators, **extra},
-                   tmp / "state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with disk_full_guard(final):
+        tmp = Path(tempfile.mkdtemp(dir=recovery_dir, prefix=".step-"))
+        try:
+            adapter = {k: v.detach().cpu() for k, v in model.named_parameters() if v.requires_grad}
+            torch.save({"round_done": round_done, "adapter": adapter,
+                        "optimizer": optimizer.state_dict(), "generators": generators, **extra},
+                       tmp / "state.pt")
+            _fsync_file(tmp / "state.pt")
+            atomic_write_json(tmp / "meta.json", {"round_done": round_done,
+                                                  "ledger": extra.get("ledger")})
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(recovery_dir)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     atomic_write_text(recovery_dir / "latest", final.name + "\n")
-    for old in sorted(recovery_dir.glob("step-*"))[:-2]:  # keep the last two checkpoints
+    for old in checkpoint_dirs(recovery_dir)[:-KEEP_CHECKPOINTS]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def load_recovery(recovery_dir: Path) -> dict[str, Any] | None:
-    """The latest complete recovery checkpoint, or None if the run never checkpointed."""
+def checkpoint_dirs(recovery_dir: Path) -> list[Path]:
+    """``step-XXXXXX`` directories, oldest first (by round, not by name)."""
+    if not recovery_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in recovery_dir.iterdir()
+             if p.is_dir() and (m := _STEP.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+@dataclass
+class Checkpoint:
+    """The newest intact checkpoint, and the newer ones that were damaged."""
+
+    path: Path
+    state: dict[str, Any]
+    damaged: list[str] = field(default_factory=list)
+
+    @property
+    def round_done(self) -> int:
+        return int(self.state["round_done"])
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    keys = {"round_done", "adapter", "optimizer", "generators"}
+    if not isinstance(state, dict) or not keys <= state.keys():
+        raise ValueError("not a dpgrpo checkpoint")
+    if int(state["round_done"]) != int(_STEP.fullmatch(path.name).group(1)):
+        raise ValueError(f"holds round {state['round_done']}")
+    return state
+
+
+def load_checkpoint(recovery_dir: Path) -> Checkpoint | None:
+    """The newest checkpoint that loads, falling back over damaged ones (None: no checkpoint).
+
+    ``latest`` is only a hint: a complete ``step-XXXXXX`` directory exists before ``latest``
+    names it, so the newest directory that loads is the one to resume from. If every
+    checkpoint is damaged, :class:`RecoveryError` names them.
+    """
+    damaged = []
+    for path in reversed(checkpoint_dirs(recovery_dir)):
+        try:
+            return Checkpoint(path, _load_state(path), damaged)
+        except Exception as err:  # noqa: BLE001 - truncated zip, unpickling, missing file, ...
+            damaged.append(f"{path / 'state.pt'} ({type(err).__name__}: {_short(err)})")
+    if damaged:
+        raise RecoveryError(
+            f"no intact checkpoint in {recovery_dir}: {'; '.join(damaged)}. To start over from "
+            "round 0 (rounds already charged stay charged), remove the step-* folders")
     pointer = recovery_dir / "latest"
-    if not pointer.exists():
-        return None
-    state_path = recovery_dir / pointer.read_text().strip() / "state.pt"
-    if not state_path.exists():
-        raise ConfigError(f"{pointer} names a checkpoint that does not exist: {state_path}")
-    return torch.load(state_path, map_location="cpu", weights_only=False)
+    if pointer.exists():
+        raise RecoveryError(f"{pointer} names {pointer.read_text(errors='replace').strip()!r} "
+                            "but no checkpoint folder exists; remove it to start over from round 0 (rounds "
+                            "already charged stay charged)")
+    return None
+
+
+def _short(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text[:120] + ("..." if len(text) > 120 else "")
+
+
+def load_recovery(recovery_dir: Path) -> dict[str, Any] | None:
+    """The state of the newest intact checkpoint, or None if the run never checkpointed."""
+    found = load_checkpoint(recovery_dir)
+    return None if found is None else found.state
 
 
 def restore_adapter(model: Any, adapter: dict[str, torch.Tensor]) -> None:
@@ -185,6 +316,7 @@ def restore_adapter(model: Any, adapter: dict[str, torch.Tensor]) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
-__all__ = ["PrivacyJournal", "RELEASE_FILES", "RoundEvent", "atomic_write_json",
-           "atomic_write_text", "load_recovery", "restore_adapter", "save_recovery",
+__all__ = ["Checkpoint", "KEEP_CHECKPOINTS", "RELEASE_FILES", "append_lines", "atomic_write_json",
+           "atomic_write_text", "checkpoint_dirs", "disk_full_guard", "load_checkpoint",
+           "load_recovery", "remove_temporaries", "restore_adapter", "save_recovery",
            "write_release"]

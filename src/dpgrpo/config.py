@@ -148,6 +148,10 @@ class TrainConfig:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
         if self.beta < 0 or self.temperature < 0:
             raise ConfigError("train.beta and train.temperature must be >= 0")
+        if self.arm in GRPO_ARMS and self.group_size < 2:
+            raise ConfigError(f"train.group_size = {self.group_size} with arm {self.arm!r}: GRPO "
+                              "normalizes rewards within each prompt's group of G completions, "
+                              "so with G = 1 every advantage is zero; use G >= 2")
         if self.max_tokens_per_pass < 1:
             raise ConfigError(f"train.max_tokens_per_pass must be >= 1, got {self.max_tokens_per_pass}")
         for name in ("chunk_size", "rollout_batch_size"):
@@ -280,7 +284,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply ``section.key=value`` strings, each parsed to the field's type."""
+    """Apply ``section.key=value`` strings, each parsed to the field's type (a later one wins).
+
+    The result is validated once, so the order of the overrides does not matter.
+    """
+    changes: dict[str, dict[str, Any]] = {}
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError(f"override {item!r} must look like section.key=value")
@@ -288,9 +296,11 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
         section, key = dotted.strip().split(".", 1)
         if section not in _CLASSES:
             raise ConfigError(f"unknown section '{section}' in override {item!r}")
-        coerced = _coerce(section, key, value.strip())
-        config = replace(config, **{section: replace(getattr(config, section), **{key: coerced})})
-    return config
+        changes.setdefault(section, {})[key] = _coerce(section, key, value.strip())
+    if not changes:
+        return config
+    return replace(config, **{section: replace(getattr(config, section), **values)
+                              for section, values in changes.items()})
 
 
 def to_toml(config: RunConfig) -> str:

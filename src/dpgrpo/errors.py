@@ -32,6 +32,10 @@ class DataError(DPGRPOError, ValueError):
         self.path, self.line, self.field = path, line, field
 
 
+class EmptyDataError(DataError):
+    """A data file (or hub split) that exists but holds no records."""
+
+
 class PrivacyError(DPGRPOError):
     """A privacy invariant would be broken; the message says which one and why."""
 
@@ -42,3 +46,21 @@ class PrivacyBudgetError(PrivacyError, ValueError):
 
 class ReleaseError(PrivacyError):
     """Something private (generator states, telemetry) would be written into a release."""
+
+
+class LedgerError(PrivacyError):
+    """The privacy records of a run contradict each other or the run's (q, sigma); resuming
+    could certify a smaller epsilon than was spent, so the run stops instead."""
+
+
+class RecoveryError(DPGRPOError):
+    """A recovery file (checkpoint, journal, saved config) is damaged beyond what resume can
+    repair without risking the ledger; the message names the file."""
+
+
+class RunLockedError(DPGRPOError):
+    """Another process is writing to the run directory (one writer per run)."""
+
+
+class DiskFullError(DPGRPOError, OSError):
+    """A write failed because the disk (or quota) is full; the message says where."""

@@ -341,7 +341,17 @@ def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
 
 def run_protocol(plan: ProtocolPlan, *, progress: Callable[[str], None] | None = None
                  ) -> ProtocolResult:
-    """Train and evaluate every run of ``plan`` (resuming), then write the comparison."""
+    """Train and evaluate every run of ``plan`` (resuming), then write the comparison.
+
+    One protocol process per output folder: a second one gets RunLockedError naming the pid.
+    """
+    from dpgrpo.runlock import RunLock
+
+    with RunLock(plan.out_dir, what="protocol folder"):
+        return _run_protocol(plan, progress)
+
+
+def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) -> ProtocolResult:
     from dpgrpo.checkpoint import atomic_write_json
     from dpgrpo.reports.compare import run_compare
 

@@ -16,7 +16,9 @@ Arms differ only in how a sampled record becomes a :class:`~dpgrpo.objectives.Tr
 from __future__ import annotations
 
 import json
+import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +27,23 @@ from typing import Any, Callable
 import torch
 
 from dpgrpo.arms import make_arm
-from dpgrpo.checkpoint import PrivacyJournal, atomic_write_json, load_recovery, restore_adapter
-from dpgrpo.checkpoint import save_recovery, write_release
-from dpgrpo.config import RunConfig, config_from_dict, to_toml
-from dpgrpo.distributed import barrier, broadcast_object, init_from_env, privatize_across_ranks, shard
+from dpgrpo.checkpoint import append_lines, atomic_write_json, checkpoint_dirs, load_checkpoint
+from dpgrpo.checkpoint import remove_temporaries, restore_adapter, save_recovery, write_release
+from dpgrpo.config import RunConfig, to_toml
+from dpgrpo.distributed import DistContext, barrier, broadcast_object, init_from_env
+from dpgrpo.distributed import privatize_across_ranks, shard
 from dpgrpo.errors import ConfigError
 from dpgrpo.grads import per_prompt_grads, trainable_parameters
 from dpgrpo.privacy.accounting import pld_epsilon
+from dpgrpo.privacy.journal import PrivacyJournal
+from dpgrpo.quiet import quiet_model_loading
+from dpgrpo.resume import check_charged, gather_evidence, read_run_config, reconcile
+from dpgrpo.resume import release_is_current
 from dpgrpo.run_setup import RunState, build_run, certificate
+from dpgrpo.runlock import RunLock
 from dpgrpo.runtime import bound_heap_growth
+
+log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -45,6 +55,7 @@ class TrainResult:
     certificate: dict[str, Any]
     rounds_done: int
     steps_skipped: int
+    notes: tuple[str, ...] = ()  # what resume repaired (charged lost rounds, fell back, ...)
 
 
 def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = False,
@@ -55,25 +66,53 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     ``progress`` receives public values only (round, steps, epsilon, elapsed seconds) unless
     ``show_private``, which adds the round's realized batch size and mean reward (invariant 6).
 
-    ``stop_after`` ends the loop after that many rounds of this invocation without the final
-    checkpoint, as an interruption would (used by tests of resume).
+    One process writes a run at a time (:class:`~dpgrpo.runlock.RunLock`); a second one gets
+    :class:`~dpgrpo.errors.RunLockedError`. A fresh run that fails before its first round is
+    charged leaves no run directory behind. ``stop_after`` ends the loop after that many rounds
+    of this invocation without the final checkpoint, as an interruption would (used by tests
+    of resume).
     """
     bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     run_dir = Path(output_dir)
+    ctx = init_from_env()  # torchrun: one process per GPU; a single process otherwise
+    if not ctx.is_main:
+        return _train(config, run_dir, ctx, resume, progress, stop_after, show_private)
+    created = _first_missing(run_dir)
+    made_recovery = not (run_dir / "recovery").exists()
+    with RunLock(run_dir):
+        try:
+            return _train(config, run_dir, ctx, resume, progress, stop_after, show_private)
+        except BaseException:
+            if not resume:
+                _remove_failed_start(run_dir, created, made_recovery)
+            raise
+
+
+def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bool,
+           progress: ProgressFn | None, stop_after: int | None,
+           show_private: bool = False) -> TrainResult:
+    if ctx.is_main:
+        for name in remove_temporaries(run_dir):
+            log.warning("%s: removed %s left by an interrupted write", run_dir, name)
     if resume:
-        config = _resumed_config(run_dir)
+        config = read_run_config(run_dir)
     elif config is None:
         raise ConfigError("train() needs a config unless resume=True")
-    elif (run_dir / "recovery" / "journal.jsonl").exists():
+    elif _holds_run(run_dir):
         raise ConfigError(f"{run_dir} already holds a run; resume it with --resume or choose "
                           "another --output-dir")
-    ctx = init_from_env()  # torchrun: one process per GPU; a single process otherwise
-    run = build_run(config, run_dir, ctx)
-    start = _restore(run) if resume else 0
-    if not resume and ctx.is_main:
-        atomic_write_text_config(run)
+    with quiet_model_loading():
+        run = build_run(config, run_dir, ctx)
+    journal = PrivacyJournal(run_dir / "recovery" / "journal.jsonl", run.q, run.sigma)
+    notes: list[str] = []
+    if resume:
+        start = _restore(run, journal, ctx, notes)
+    else:
+        start = 0
+        if ctx.is_main:
+            atomic_write_text_config(run)
+            journal.open()
     arm = make_arm(run)
-    journal = PrivacyJournal(run_dir / "recovery" / "journal.jsonl")
     q, sigma, clip = run.q, run.sigma, run.clip_norm
     skipped = run.steps_skipped
     steps = config.train.steps
@@ -115,9 +154,10 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
                 _checkpoint(run, journal, t + 1)
             barrier(ctx)
         if stop_after is not None and done_here >= stop_after and t + 1 < steps:
-            return TrainResult(run_dir, run_dir / "release", {}, t + 1, skipped)  # "crash"
+            return TrainResult(run_dir, run_dir / "release", {}, t + 1, skipped,  # "crash"
+                               tuple(notes))
     cert = json.loads((run_dir / "release" / "certificate.json").read_text())
-    return TrainResult(run_dir, run_dir / "release", cert, steps, skipped)
+    return TrainResult(run_dir, run_dir / "release", cert, steps, skipped, tuple(notes))
 
 
 def _apply(run: RunState, update: dict[str, torch.Tensor]) -> None:
@@ -139,14 +179,20 @@ def _epsilon_so_far(journal: PrivacyJournal, run: RunState) -> float:
 
 def _checkpoint(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
     ledger = journal.ledger()
+    check_charged(ledger.rounds, round_done, str(run.run_dir / "recovery"))
     save_recovery(run.run_dir / "recovery", round_done, model=run.model, optimizer=run.optimizer,
                   generators=run.generator_states(),
                   extra={"steps_skipped": run.steps_skipped, "ledger": ledger.to_dict()})
-    telemetry = run.run_dir / "recovery" / "telemetry.jsonl"
-    with open(telemetry, "a") as fh:
-        for row in run.telemetry:
-            fh.write(json.dumps(row) + "\n")
+    append_lines(run.run_dir / "recovery" / "telemetry.jsonl",
+                 [json.dumps(row) for row in run.telemetry])
     run.telemetry.clear()
+    _publish(run, journal, round_done)
+
+
+def _publish(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
+    """ledger.json and the release of the model as it is after ``round_done`` rounds."""
+    ledger = journal.ledger()
+    check_charged(ledger.rounds, round_done, str(run.run_dir / "release"))
     atomic_write_json(run.run_dir / "recovery" / "ledger.json", ledger.to_dict())
     cert = certificate(run, ledger, round_done)
     write_release(run.run_dir / "release", model=run.model, config=run.config.to_dict(public=True),
@@ -161,24 +207,68 @@ def atomic_write_text_config(run: RunState) -> None:
     atomic_write_text(run.run_dir / "recovery" / "config.toml", to_toml(run.config))
 
 
-def _resumed_config(run_dir: Path) -> RunConfig:
-    path = run_dir / "recovery" / "config.json"
-    if not path.exists():
-        raise ConfigError(f"{run_dir} is not a dpgrpo run directory (no recovery/config.json)")
-    data = json.loads(path.read_text())
-    return config_from_dict(data, source=str(path))
+def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: list[str]) -> int:
+    """Restore the newest intact checkpoint, make the journal charge at least every round any
+    record proves, and bring release/ up to that checkpoint; return the next round index."""
+    found = load_checkpoint(run.run_dir / "recovery")
+    if found is not None:
+        notes += [f"checkpoint {d} is damaged; resuming from {found.path.name}"
+                  for d in found.damaged]
+        restore_adapter(run.model, found.state["adapter"])
+        run.optimizer.load_state_dict(found.state["optimizer"])
+        run.load_generator_states(found.state["generators"])
+        run.steps_skipped = int(found.state.get("steps_skipped", 0))
+    start = 0 if found is None else found.round_done  # none: start over, rounds stay charged
+    if not ctx.is_main:
+        return start
+    scan = journal.open()
+    if scan.damaged or scan.torn_tail:
+        notes.append(f"{journal.path}: damaged line(s) {scan.damaged} charged as one round each")
+    evidence = gather_evidence(run.run_dir, run.q, run.sigma, found)
+    note = reconcile(journal, evidence, start)
+    if note is not None:
+        notes.append(f"{journal.path}: {note}")
+    check_charged(journal.rounds, start, str(journal.path))
+    if found is not None and not release_is_current(run.run_dir, start, journal.rounds):
+        _publish(run, journal, start)
+        notes.append(f"release/ rewritten from {found.path.name} ({journal.rounds} rounds charged)")
+    for message in notes:
+        log.warning("%s", message)
+    return start
 
 
-def _restore(run: RunState) -> int:
-    """Restore adapter, optimizer and generators from recovery/; return the next round index."""
-    state = load_recovery(run.run_dir / "recovery")
-    if state is None:
-        return 0  # interrupted before the first checkpoint: start over (rounds stay charged)
-    restore_adapter(run.model, state["adapter"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.load_generator_states(state["generators"])
-    run.steps_skipped = int(state.get("steps_skipped", 0))
-    return int(state["round_done"])
+def _holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds any privacy record of an earlier run."""
+    recovery = run_dir / "recovery"
+    journal = recovery / "journal.jsonl"
+    return ((journal.exists() and journal.stat().st_size > 0) or bool(checkpoint_dirs(recovery))
+            or (recovery / "ledger.json").exists() or (run_dir / "release").exists())
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (None: it exists)."""
+    missing = None
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            break
+        missing = candidate
+    return missing
+
+
+def _remove_failed_start(run_dir: Path, created: Path | None, made_recovery: bool) -> None:
+    """Undo a fresh start that failed before any round was charged (nothing touched data)."""
+    journal = run_dir / "recovery" / "journal.jsonl"
+    if journal.exists() and journal.stat().st_size > 0:
+        return  # rounds were charged: the records must stay
+    if created is None:
+        if made_recovery:
+            shutil.rmtree(run_dir / "recovery", ignore_errors=True)
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for folder in run_dir.parents:  # the parents this call created, if left empty
+        if not folder.is_relative_to(created) or any(folder.iterdir()):
+            break
+        folder.rmdir()
 
 
 __all__ = ["TrainResult", "train"]

@@ -87,3 +87,49 @@ def test_guard(latex: str, refused: bool) -> None:
 def test_empty_answers_are_not_equal() -> None:
     assert not symbolic_equal("1", "").equal
     assert not symbolic_equal("1", "\\text{}").equal
+
+
+def test_the_whole_scorer_runs_under_the_bound() -> None:
+    from dpgrpo.tasks import Problem, get_task
+    from dpgrpo.tasks.base import bounded_score
+
+    def stalls(response, problem, *, hit_cap=False, timeout_s=10.0):
+        while True:  # an extraction that never ends
+            pass
+
+    start = time.monotonic()
+    verdict = bounded_score(stalls, "x", Problem("p", "q", "1"), timeout_s=0.2)
+    assert verdict.timed_out and not verdict.correct and verdict.extracted is None
+    assert time.monotonic() - start < 2.0
+    # A real scorer whose fallback extraction is superlinear on this input is cut off too.
+    robust = get_task("math", check_timeout_s=0.3).scorers()["robust"]
+    start = time.monotonic()
+    verdict = robust("\\(" * 40_000, Problem("p", "q", "1"))
+    assert time.monotonic() - start < 2.0 and not verdict.correct
+
+
+def test_a_swallowed_timeout_is_raised_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+    import sys
+    import weakref
+
+    swallowed: list[type] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: swallowed.append(u.exc_type))
+
+    class Holder:
+        pass
+
+    def stubborn() -> None:
+        holder = Holder()
+        ref = weakref.ref(holder, lambda r: time.sleep(0.5))  # the first alarm lands here
+        del holder
+        gc.collect()
+        assert ref() is None
+        give_up = time.monotonic() + 5.0  # without a second alarm the call would run on
+        while time.monotonic() < give_up:
+            pass
+
+    start = time.monotonic()
+    assert run_bounded(stubborn, (), 0.2, mode="signal") == (None, True)
+    assert time.monotonic() - start < 2.0
+    assert swallowed and swallowed[0].__name__ == "CheckTimeout"

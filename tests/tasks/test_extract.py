@@ -76,3 +76,79 @@ CHOICES = (("A", "bank"), ("B", "library"), ("C", "mall"), ("D", "park"), ("E", 
 def test_option_letters(text: str, strict: str | None, final: str | None) -> None:
     assert strict_letter(text) == strict
     assert final_letter(text, CHOICES) == final
+
+
+# --- adversarial inputs: extraction is linear and the whole scorer is bounded ------------
+
+NESTED = "\\boxed{" * 12_500 + "1" + "}" * 12_500        # 100,001 characters
+UNTERMINATED = "\\boxed{" * 50_000
+
+
+def _reference_boxed_answers(text: str) -> list[str]:
+    """The original (quadratic) definition: rescan from every box to its closing brace."""
+    import re
+
+    found = []
+    for match in re.finditer(r"\\(?:boxed|fbox)\b\s*", text):
+        start = match.end()
+        if start < len(text) and text[start] == "{":
+            depth, i, end = 0, start, None
+            while i < len(text):
+                if text[i] == "\\":
+                    i += 2
+                    continue
+                depth += {"{": 1, "}": -1}.get(text[i], 0)
+                if text[i] == "}" and depth == 0:
+                    end = i + 1
+                    break
+                i += 1
+            if end is not None:
+                found.append(text[start + 1:end - 1].strip())
+        else:
+            token = re.match(r"[^\s$\\]+", text[start:])
+            if token:
+                found.append(token.group(0))
+    return found
+
+
+def test_one_pass_extraction_matches_the_original_definition() -> None:
+    import random
+
+    rng = random.Random(16)
+    pieces = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\{", "\\}", "x", "1", " ", "$",
+              "\\", "\\frac{1}{2}", "\\boxedx{"]
+    from dpgrpo.tasks.extract import MAX_BOX_DEPTH
+
+    checked = 0
+    while checked < 3000:
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        if text.count("\\boxed{") + text.count("\\fbox{") > MAX_BOX_DEPTH:
+            continue  # deeper nesting is capped on purpose (next test)
+        assert boxed_answers(text) == _reference_boxed_answers(text), text
+        checked += 1
+
+
+def test_boxes_nested_too_deep_are_skipped() -> None:
+    from dpgrpo.tasks.extract import MAX_BOX_DEPTH
+
+    text = "\\boxed{" * (MAX_BOX_DEPTH + 3) + "7" + "}" * (MAX_BOX_DEPTH + 3)
+    answers = boxed_answers(text)
+    assert len(answers) == MAX_BOX_DEPTH and answers[0] == text[7:-1]
+    assert boxed_answers("\\boxed{" * 3 + "7" + "}" * 3)[-1] == "7"
+
+
+@pytest.mark.parametrize("text", [NESTED, UNTERMINATED], ids=["nested", "unterminated"])
+def test_adversarial_answers_score_within_a_second(text: str) -> None:
+    import time
+
+    from dpgrpo.tasks import Problem, get_task
+
+    for task in ("math", "gsm8k", "svamp", "arithmetic", "csqa"):
+        spec = get_task(task)  # the default 10 s bound: only linear work finishes in time
+        problem = Problem("p", "q", "A" if task == "csqa" else "1",
+                          choices=(("A", "a"), ("B", "b")) if task == "csqa" else None)
+        for role, scorer in spec.scorers().items():
+            start = time.perf_counter()
+            verdict = scorer(text, problem)
+            assert time.perf_counter() - start < 1.0, (task, role)
+            assert not (task == "math" and verdict.correct)

@@ -42,10 +42,12 @@ def _print_table(task: str, summary: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"{task} splits", show_header=False)
+    errors = summary.get("errors", {})
     for key, value in summary.items():
         if key in ("skipped", "errors"):
             continue
-        table.add_row(key, "not available" if value is None else f"{value:,}")
+        shown = "error (below)" if key in errors else "not available" if value is None else f"{value:,}"
+        table.add_row(key, shown)
     console = Console()
     console.print(table)
     for line in summary.get("skipped", []):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
@@ -50,13 +50,29 @@ def train_cmd(
         typer.echo("WARNING: --show-private-telemetry prints per-round batch sizes and rewards, "
                    "which are computed from the private data and are NOT covered by the "
                    "privacy guarantee; do not share this output or its logs.", err=True)
-    with _progress(quiet, total) as on_round:
-        result = train(cfg, run_dir, resume=resume is not None, progress=on_round,
-                       show_private=show_private)
+    try:
+        with _progress(quiet, total) as on_round:
+            result = train(cfg, run_dir, resume=resume is not None, progress=on_round,
+                           show_private=show_private)
+    except KeyboardInterrupt:
+        _interrupted(run_dir)
     cert = result.certificate
     status = "releasable" if cert.get("releasable") else f"NOT releasable ({cert.get('not_releasable_because')})"
     typer.echo(f"release: {result.release_dir}  (epsilon={cert.get('epsilon'):.4g}, "
                f"delta={cert.get('delta'):.3g}, {status}; {result.steps_skipped} steps skipped)")
+
+
+def _interrupted(run_dir: Path) -> NoReturn:
+    """Ctrl-C: say what was kept and how to continue; exit status 130 (128 + SIGINT)."""
+    journal = run_dir / "recovery" / "journal.jsonl"
+    if journal.exists() and journal.stat().st_size > 0:
+        typer.secho(f"interrupted: every round started so far is charged to the privacy ledger "
+                    f"({journal}); continue with: dpgrpo train --resume {run_dir}",
+                    err=True, fg="yellow")
+    else:
+        typer.secho("interrupted before the first round: nothing was charged",
+                    err=True, fg="yellow")
+    raise typer.Exit(130)
 
 
 class _progress:

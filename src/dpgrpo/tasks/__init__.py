@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.errors import ConfigError, DataError, EmptyDataError
 from dpgrpo.tasks import csqa as _csqa  # noqa: F401  (registers the task)
 from dpgrpo.tasks import gsm8k as _gsm8k  # noqa: F401
 from dpgrpo.tasks import hendrycks_math as _math  # noqa: F401
@@ -91,8 +91,9 @@ def split_summary(task: str | VerifiedTask, data_dir: str | Path | None = None, 
         try:
             loaded = spec.load_split(split, data_dir, skip_invalid=skip_invalid, source=source)
         except DataError as err:
-            if split == "eval" or err.line is not None or err.field is not None:
-                errors[split] = str(err)  # a bad record, or a missing evaluation set
+            if (split == "eval" or err.line is not None or err.field is not None
+                    or isinstance(err, EmptyDataError)):
+                errors[split] = str(err)  # a bad record or empty file, or no evaluation set
             continue  # else that split's file is not in this folder (CSQA train)
         summary[split] = len(loaded.problems)
         summary.update(loaded.excluded)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.tasks.bounded import run_bounded
 
 #: Default wall-clock bound of one symbolic check, in seconds (a timeout counts as incorrect).
 DEFAULT_CHECK_TIMEOUT_S = 10.0
@@ -69,6 +70,23 @@ def get_scorer(name: str) -> Scorer:
         return SCORERS[name]
     except KeyError:
         raise ConfigError(f"unknown scorer {name!r}; known: {', '.join(sorted(SCORERS))}") from None
+
+
+def _score(scorer: Scorer, response: str, problem: Problem, hit_cap: bool,
+           timeout_s: float) -> Verdict:
+    return scorer(response, problem, hit_cap=hit_cap, timeout_s=timeout_s)
+
+
+def bounded_score(scorer: Scorer, response: str, problem: Problem, *, hit_cap: bool = False,
+                  timeout_s: float = DEFAULT_CHECK_TIMEOUT_S) -> Verdict:
+    """Run ``scorer`` whole, extraction included, within ``timeout_s`` seconds of wall clock.
+
+    A response built to stall a scorer cannot stall training or evaluation: past the bound it
+    is incorrect, with ``timed_out`` set.
+    """
+    verdict, timed_out = run_bounded(_score, (scorer, response, problem, hit_cap, timeout_s),
+                                     timeout_s)
+    return Verdict(False, None, True) if timed_out or verdict is None else verdict
 
 
 @dataclass(frozen=True)
@@ -137,8 +155,9 @@ class VerifiedTask:
         return 1.0 if self.verify(response, problem).correct else 0.0
 
     def scorers(self) -> dict[str, Callable[..., Verdict]]:
-        """Role -> scorer, each bound to this task's check timeout."""
-        return {role: functools.partial(get_scorer(name), timeout_s=self.check_timeout_s)
+        """Role -> scorer, each run whole under this task's check timeout."""
+        return {role: functools.partial(bounded_score, get_scorer(name),
+                                        timeout_s=self.check_timeout_s)
                 for role, name in self.scorer_names.items()}
 
     def gold_target(self, problem: Problem) -> str:

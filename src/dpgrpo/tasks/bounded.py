@@ -32,6 +32,8 @@ Mode = Literal["auto", "signal", "process"]
 
 #: Seconds allowed for a fresh worker process to start and import its modules.
 WORKER_START_TIMEOUT_S = 180.0
+#: After the bound, the signal timer fires again every this many seconds until the call ends.
+RETRY_INTERVAL_S = 0.05
 
 
 class CheckTimeout(BaseException):
@@ -67,7 +69,9 @@ def _run_with_signal(fn: Callable[..., T], args: tuple[Any, ...],
     bound = min(timeout_s, old_delay) if old_delay > 0 else timeout_s
     start = time.monotonic()
     try:
-        signal.setitimer(signal.ITIMER_REAL, bound)
+        # The timer repeats: an alarm that lands in a finalizer or weakref callback, where
+        # Python prints and swallows the exception, is followed by another one.
+        signal.setitimer(signal.ITIMER_REAL, bound, RETRY_INTERVAL_S)
         try:
             return fn(*args), False
         finally:

@@ -6,44 +6,49 @@ import re
 from decimal import Decimal, InvalidOperation
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\b\s*")
+_TOKEN = re.compile(r"[^\s$\\]+")
+_BRACE_OR_ESCAPE = re.compile(r"\\.|[{}]", re.DOTALL)
 
-
-def _group_end(text: str, start: int) -> int | None:
-    """Index just past the ``}`` closing the ``{`` at ``start`` (``\\{`` and ``\\}`` escaped)."""
-    depth, i = 0, start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    return None
+#: Boxes opened inside this many open boxes are not answers (their braces still count).
+#: Every character is copied into at most this many answers, so extraction stays linear.
+MAX_BOX_DEPTH = 8
 
 
 def boxed_answers(text: str) -> list[str]:
     """Contents of every complete ``\\boxed{...}`` (or ``\\fbox``) in order; nested braces kept.
 
     ``\\boxed 5`` (no braces) yields the next token. An unterminated box (a response cut at
-    the cap) yields nothing.
+    the cap) yields nothing. One pass with a stack of open groups (``\\{`` and ``\\}`` are
+    escaped); boxes nested deeper than :data:`MAX_BOX_DEPTH` are skipped, so the time and
+    memory are linear in the length of ``text`` whatever it holds.
     """
-    found: list[str] = []
+    opens: dict[int, int] = {}  # position of a box's "{" -> position of its "\boxed"
+    tokens: list[tuple[int, str]] = []
     for match in _BOX.finditer(text):
         start = match.end()
         if start < len(text) and text[start] == "{":
-            end = _group_end(text, start)
-            if end is not None:
-                found.append(text[start + 1:end - 1].strip())
+            opens[start] = match.start()
         else:
-            token = re.match(r"[^\s$\\]+", text[start:])
+            token = _TOKEN.match(text, start)
             if token:
-                found.append(token.group(0))
-    return found
+                tokens.append((match.start(), token.group(0)))
+    if not opens:
+        return [token for _, token in tokens]
+    found: list[tuple[int, str]] = list(tokens)
+    stack: list[int | None] = []  # per open group: the position of its box's "{", or None
+    boxes_open = 0
+    for match in _BRACE_OR_ESCAPE.finditer(text):
+        char, pos = match.group(0), match.start()
+        if char == "{":
+            is_box = pos in opens and boxes_open < MAX_BOX_DEPTH
+            stack.append(pos if is_box else None)
+            boxes_open += is_box
+        elif char == "}" and stack:
+            brace = stack.pop()
+            if brace is not None:
+                boxes_open -= 1
+                found.append((opens[brace], text[brace + 1:pos].strip()))
+    return [content for _, content in sorted(found, key=lambda item: item[0])]
 
 
 def last_boxed(text: str) -> str | None:

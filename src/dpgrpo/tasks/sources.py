@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, EmptyDataError
 from dpgrpo.tasks.base import LoadedSplit, Problem
 from dpgrpo.tasks.records import (
     RawRecord,
@@ -53,6 +53,8 @@ class Source:
         parts: list[LoadedSplit] = []
         offset = 0
         for label, records in self.records(data_dir, source):
+            if not records:
+                raise EmptyDataError("holds no records (an empty file)", path=label)
             position = {line: f"{offset + i:05d}" for i, (line, _) in enumerate(records)}
             offset += len(records)
 

@@ -1,0 +1,177 @@
+"""Resuming a run without ever under-counting its privacy ledger (invariant 5).
+
+The journal (:mod:`dpgrpo.privacy.journal`) is the primary record of charged rounds, but it is
+not the only one: every checkpoint stores its round and the ledger at that time
+(``step-XXXXXX/meta.json`` and ``state.pt``), ``recovery/ledger.json`` and the release's
+certificate repeat the ledger, and ``recovery/telemetry.jsonl`` has one row per executed round.
+Each of them is a lower bound on the rounds charged. :func:`reconcile` takes the maximum of
+every record that can be read; if the journal holds fewer rounds (a lost tail, a deleted
+file), the missing rounds are charged at the run's (q, sigma) with one ``recovered`` line that
+names the record proving them. Records that disagree with the run's (q, sigma) stop the resume
+(:class:`~dpgrpo.errors.LedgerError`): a contradiction never becomes a smaller epsilon.
+
+Before any certificate is written, :func:`check_charged` enforces
+``rounds_charged >= rounds_retained``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpgrpo.checkpoint import Checkpoint, checkpoint_dirs
+from dpgrpo.config import RunConfig, config_from_dict, read_toml
+from dpgrpo.errors import ConfigError, DPGRPOError, LedgerError, RecoveryError
+from dpgrpo.privacy.accounting import PrivacyLedger
+from dpgrpo.privacy.journal import PrivacyJournal
+
+log = logging.getLogger(__name__)
+
+
+def read_run_config(run_dir: Path) -> RunConfig:
+    """The full config saved in ``recovery/config.json`` (else ``config.toml``, its twin)."""
+    json_path, toml_path = run_dir / "recovery" / "config.json", run_dir / "recovery" / "config.toml"
+    if not json_path.exists() and not toml_path.exists():
+        raise ConfigError(f"{run_dir} is not a dpgrpo run directory (no recovery/config.json)")
+    problems = []
+    for path, read in ((json_path, lambda p: json.loads(p.read_text())), (toml_path, read_toml)):
+        if not path.exists():
+            continue
+        try:
+            data = read(path)
+            if not isinstance(data, dict):
+                raise ValueError("not a table of settings")
+            config = config_from_dict(data, source=str(path))
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, DPGRPOError) as err:
+            problems.append(f"{path} is damaged ({' '.join(str(err).split())[:160]})")
+            continue
+        for problem in problems:
+            log.warning("%s; using %s", problem, path)
+        return config
+    raise RecoveryError("; ".join(problems) + ": the run's config cannot be recovered")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A lower bound on the rounds charged, and the record it comes from."""
+
+    rounds: int
+    source: str
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        log.warning("%s is damaged; it is rewritten at the next checkpoint", path)
+        return None
+
+
+def _ledger_rounds(data: Any, source: str, q: float, sigma: float) -> int | None:
+    """Rounds of a saved ledger, after checking that it was charged at (q, sigma)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        ledger = PrivacyLedger.from_dict(data)
+    except (KeyError, TypeError, ValueError, DPGRPOError):
+        log.warning("the ledger in %s is damaged; ignored", source)
+        return None
+    for event in ledger.events:
+        if (event.sampling_rate, event.noise_multiplier) != (q, sigma):
+            raise LedgerError(f"{source} charged rounds at q = {event.sampling_rate}, sigma = "
+                              f"{event.noise_multiplier} but the run's config gives q = {q}, "
+                              f"sigma = {sigma}: the run's privacy records contradict each other")
+    return ledger.rounds
+
+
+def gather_evidence(run_dir: Path, q: float, sigma: float,
+                    restored: Checkpoint | None) -> list[Evidence]:
+    """Every record besides the journal that bounds the rounds charged from below."""
+    recovery, found = run_dir / "recovery", []
+
+    def add(rounds: Any, source: str) -> None:
+        if isinstance(rounds, int) and rounds > 0:
+            found.append(Evidence(rounds, source))
+
+    for step in checkpoint_dirs(recovery):
+        meta = _json(step / "meta.json")
+        if isinstance(meta, dict):
+            add(meta.get("round_done"), f"{step.name} (round reached)")
+            add(_ledger_rounds(meta.get("ledger"), str(step / "meta.json"), q, sigma),
+                f"{step.name} (its ledger)")
+    if restored is not None:
+        add(restored.round_done, f"{restored.path.name} (round reached)")
+        add(_ledger_rounds(restored.state.get("ledger"), str(restored.path / "state.pt"), q,
+                           sigma), f"{restored.path.name}/state.pt (its ledger)")
+    add(_ledger_rounds(_json(recovery / "ledger.json"), str(recovery / "ledger.json"), q, sigma),
+        "recovery/ledger.json")
+    cert = _json(run_dir / "release" / "certificate.json")
+    if isinstance(cert, dict):
+        if {"q", "sigma"} <= cert.keys() and (cert["q"], cert["sigma"]) != (q, sigma):
+            raise LedgerError(f"{run_dir / 'release' / 'certificate.json'} certifies q = "
+                              f"{cert.get('q')}, sigma = {cert.get('sigma')} but the run's config "
+                              f"gives q = {q}, sigma = {sigma}: the run's records contradict "
+                              "each other")
+        add(cert.get("rounds_charged"), "release/certificate.json (rounds_charged)")
+        add(cert.get("rounds_retained"), "release/certificate.json (rounds_retained)")
+    add(_telemetry_rows(recovery / "telemetry.jsonl"), "recovery/telemetry.jsonl (rows)")
+    return found
+
+
+def _telemetry_rows(path: Path) -> int:
+    """Rows of executed rounds (each executed round adds one row at its checkpoint)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return 0
+    rows = 0
+    for line in raw.splitlines():
+        try:
+            rows += isinstance(json.loads(line), dict)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+    return rows
+
+
+def reconcile(journal: PrivacyJournal, evidence: list[Evidence], next_round: int) -> str | None:
+    """Charge rounds that other records prove but the journal lacks; return a note if any."""
+    if not evidence:
+        return None
+    best = max(evidence, key=lambda e: e.rounds)
+    missing = best.rounds - journal.rounds
+    if missing <= 0:
+        return None
+    note = (f"{missing} charged rounds are missing from the journal ({journal.rounds} there, "
+            f"{best.rounds} proven by {best.source}); charged again at the run's (q, sigma)")
+    journal.record_recovered(missing, next_round, note)
+    return note
+
+
+def check_charged(rounds_charged: int, rounds_retained: int, where: str) -> None:
+    """The invariant ``rounds_charged >= rounds_retained``, checked before writing ``where``."""
+    if rounds_charged < rounds_retained:
+        raise LedgerError(f"refusing to write {where}: the ledger charges {rounds_charged} "
+                          f"rounds but the model retains {rounds_retained}; the privacy "
+                          "records are inconsistent and epsilon would be under-stated")
+
+
+def release_is_current(run_dir: Path, round_done: int, rounds_charged: int) -> bool:
+    """Whether ``release/`` holds the adapter of ``round_done`` with the current ledger."""
+    release = run_dir / "release"
+    try:
+        cert = json.loads((release / "certificate.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    names = {"adapter_model.safetensors", "adapter_config.json", "config.json"}
+    return (isinstance(cert, dict) and cert.get("rounds_retained") == round_done
+            and cert.get("rounds_charged") == rounds_charged
+            and all((release / name).is_file() for name in names))
+
+
+__all__ = ["Evidence", "check_charged", "gather_evidence", "read_run_config", "reconcile",
+           "release_is_current"]

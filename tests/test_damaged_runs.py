@@ -1,0 +1,209 @@
+"""Damaged recovery files, a full disk and a second writer on the tiny model: resume charges at
+least what every surviving record proves, or stops with a one-line error naming the file
+(docs/faults.md lists every case and its outcome)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+import dpgrpo.checkpoint as checkpoint
+import dpgrpo.trainer as trainer
+from faultkit import (assert_consistent, memoized_accountant, release_rounds, temporaries,
+                      tiny_config)
+
+__all__ = ["memoized_accountant"]  # the autouse fixture, imported to apply here
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tmp_path_factory):
+    """A finished 4-round run (checkpoints at rounds 2 and 4), copied by each test."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    trainer.train(tiny_config(tiny_model_dir), run_dir)
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(finished_run, tmp_path):
+    return shutil.copytree(finished_run, tmp_path / "run")
+
+
+def _journal_lines(run_dir) -> list[bytes]:
+    return (run_dir / "recovery" / "journal.jsonl").read_bytes().splitlines(keepends=True)
+
+
+def test_lost_journal_tail_never_certifies_less(run_dir):
+    """Issue 16: journal cut to 2 lines, newest checkpoint gone, latest -> step-000002.
+    Before the fix: rounds_charged 2 < rounds_retained 4 and a smaller epsilon."""
+    journal = run_dir / "recovery" / "journal.jsonl"
+    journal.write_bytes(b"".join(_journal_lines(run_dir)[:2]))
+    shutil.rmtree(run_dir / "recovery" / "step-000004")
+    (run_dir / "recovery" / "latest").write_text("step-000002\n")
+    result = trainer.train(None, run_dir, resume=True)
+    # 4 rounds proven by ledger.json and the release, then rounds 3-4 replayed: 6.
+    assert_consistent(run_dir, 6)
+    assert any("2 charged rounds are missing from the journal" in n for n in result.notes)
+
+
+def test_deleted_journal_never_certifies_less(run_dir):
+    (run_dir / "recovery" / "journal.jsonl").unlink()
+    result = trainer.train(None, run_dir, resume=True)
+    assert_consistent(run_dir, 4)  # proven by step-000004, ledger.json and the release
+    assert any("4 charged rounds" in n for n in result.notes)
+
+
+def test_truncated_newest_checkpoint_falls_back(run_dir):
+    state = run_dir / "recovery" / "step-000004" / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    result = trainer.train(None, run_dir, resume=True)
+    assert any("step-000004/state.pt" in n and "resuming from step-000002" in n
+               for n in result.notes)
+    assert_consistent(run_dir, 6)  # rounds 3-4 replayed and charged again
+
+
+def test_every_checkpoint_damaged_is_a_one_line_error(run_dir):
+    from dpgrpo.errors import RecoveryError
+
+    for step in ("step-000002", "step-000004"):
+        (run_dir / "recovery" / step / "state.pt").write_bytes(b"")
+    before = (run_dir / "recovery" / "journal.jsonl").read_bytes()
+    with pytest.raises(RecoveryError, match="no intact checkpoint") as err:
+        trainer.train(None, run_dir, resume=True)
+    assert "step-000002/state.pt" in str(err.value) and "\n" not in str(err.value)
+    assert (run_dir / "recovery" / "journal.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("damage, charged", [
+    (lambda ls: [ls[0], b"garbage\n", *ls[2:]], 4),         # covered by later totals
+    (lambda ls: [*ls, b"garbage\n"], 5),                     # charged as one more round
+    (lambda ls: [*ls, ls[-1][:25]], 5),                      # a torn last line: charged
+])
+def test_damaged_journal_lines_are_charged(run_dir, damage, charged):
+    journal = run_dir / "recovery" / "journal.jsonl"
+    journal.write_bytes(b"".join(damage(_journal_lines(run_dir))))
+    trainer.train(None, run_dir, resume=True)
+    assert_consistent(run_dir, charged)
+    assert journal.read_bytes().endswith(b"\n")  # repaired: later lines cannot glue on
+
+
+def test_garbage_config_falls_back_to_its_toml_twin(run_dir):
+    from dpgrpo.errors import RecoveryError
+
+    (run_dir / "recovery" / "config.json").write_text("{garbage")
+    trainer.train(None, run_dir, resume=True)
+    assert_consistent(run_dir, 4)
+    (run_dir / "recovery" / "config.toml").write_text("[train\n")
+    with pytest.raises(RecoveryError, match="config.json is damaged.*config.toml is damaged"):
+        trainer.train(None, run_dir, resume=True)
+
+
+def test_contradicting_records_stop_the_resume(run_dir):
+    from dpgrpo.errors import LedgerError
+
+    ledger = run_dir / "recovery" / "ledger.json"
+    data = json.loads(ledger.read_text())
+    data["events"][0]["noise_multiplier"] = 2.0
+    ledger.write_text(json.dumps(data))
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(LedgerError, match="contradict"):
+        trainer.train(None, run_dir, resume=True)
+    assert before == {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_leftover_temporaries_are_removed(run_dir):
+    (run_dir / ".release-abc").mkdir()
+    (run_dir / "recovery" / ".step-xyz").mkdir()
+    (run_dir / "recovery" / ".tmp-ledger.json-123").write_text("{")
+    result = trainer.train(None, run_dir, resume=True)
+    assert result.rounds_done == 4
+    assert temporaries(run_dir) == []
+
+
+def test_full_disk_names_the_place_and_keeps_no_half_release(tiny_model_dir, tmp_path,
+                                                             monkeypatch):
+    from dpgrpo.errors import DiskFullError
+
+    original = torch.save
+    calls = [0]
+
+    def full_after_first(obj, path, *args, **kwargs):  # the disk fills up after checkpoint 1
+        calls[0] += 1
+        return original(obj, "/dev/full" if calls[0] > 1 else path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_after_first)
+    run_dir = tmp_path / "run"
+    with pytest.raises(DiskFullError, match=r"disk full while writing .*step-000004"):
+        trainer.train(tiny_config(tiny_model_dir), run_dir)
+    assert release_rounds(run_dir) == 2 and temporaries(run_dir) == []
+    monkeypatch.setattr(checkpoint.torch, "save", original)
+    trainer.train(None, run_dir, resume=True)
+    assert_consistent(run_dir, 6)
+
+
+# --- one writer per run ------------------------------------------------------------------
+
+def test_second_writer_is_refused_with_the_holders_pid(run_dir, tiny_model_dir):
+    import signal
+    import time
+
+    from dpgrpo.errors import RunLockedError
+    from dpgrpo.runlock import RunLock
+
+    ready = run_dir.parent / "ready"
+
+    def holder():  # a live writer: holds the lock until killed
+        RunLock(run_dir).acquire()
+        ready.write_text("1")
+        time.sleep(60)
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            holder()
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        before = (run_dir / "recovery" / "journal.jsonl").read_bytes()
+        with pytest.raises(RunLockedError, match=f"in use by another dpgrpo process \\(pid {pid}\\)"):
+            trainer.train(None, run_dir, resume=True)
+        with pytest.raises(RunLockedError, match=f"pid {pid}"):
+            trainer.train(tiny_config(tiny_model_dir), run_dir.parent / "run")
+        assert (run_dir / "recovery" / "journal.jsonl").read_bytes() == before
+    finally:
+        os.kill(pid, signal.SIGKILL)  # kill -9: the lock dies with its holder
+        os.waitpid(pid, 0)
+    assert trainer.train(None, run_dir, resume=True).rounds_done == 4
+    assert not (run_dir / ".lock").exists()
+
+
+def test_the_invariant_guard_stops_an_under_count(run_dir, monkeypatch):
+    """Were the reconciliation ever skipped, rounds_charged >= rounds_retained still holds:
+    the resume stops before writing anything instead of certifying less."""
+    from dpgrpo.errors import LedgerError
+
+    monkeypatch.setattr(trainer, "reconcile", lambda journal, evidence, start: None)
+    (run_dir / "recovery" / "journal.jsonl").unlink()
+    release = (run_dir / "release" / "certificate.json").read_bytes()
+    with pytest.raises(LedgerError, match="charges 0 rounds but the model retains 4"):
+        trainer.train(None, run_dir, resume=True)
+    assert (run_dir / "release" / "certificate.json").read_bytes() == release
+
+
+def test_second_protocol_on_one_folder_is_refused(tiny_protocol_toml, tmp_path):
+    from dpgrpo.errors import RunLockedError
+    from dpgrpo.protocol import load_protocol_config, plan_protocol, protocol_settings, run_protocol
+    from dpgrpo.runlock import RunLock
+
+    cfg, table = load_protocol_config(tiny_protocol_toml)
+    plan = plan_protocol(cfg, protocol_settings(table), tmp_path / "out")
+    with RunLock(plan.out_dir):
+        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}.*one writer per protocol"):
+            run_protocol(plan)
+    assert not plan.out_dir.exists()  # the refused start left nothing behind
