@@ -176,11 +176,16 @@ def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot
     return [(arithmetic, c) if c.id in present else None for c in plan.canaries]
 
 
-def _epsilon_ceiling(sigma: float, steps: int, delta: float) -> float:
-    """A closed-form upper bound on epsilon (zCDP of T unsampled Gaussian rounds, rho = T /
-    (2 sigma^2)); Poisson subsampling only lowers it. Used to gate the noise-tail term early."""
+def _epsilon_ceiling(q: float, sigma: float, steps: int, delta: float) -> float:
+    """An upper bound on the run's epsilon, to gate the noise-tail term before any round: the
+    PLD accountant on a coarse pessimistic grid (1e-2, an upper bound, fast), and the closed
+    form of T unsampled Gaussian rounds (zCDP, rho = T / (2 sigma^2)) if that is smaller."""
+    from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
+
     rho = steps / (2.0 * sigma ** 2)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    closed = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    coarse = pld_epsilon([RoundEvent(q, sigma, steps)], delta, value_discretization_interval=1e-2)
+    return min(closed, coarse)
 
 
 def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
@@ -237,7 +242,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     params = [prm for prm in policy.model.parameters() if prm.requires_grad]
     coordinates = sum(prm.numel() for prm in params)
     if config.private:  # refuse before any round if the generator's tails would matter
-        eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(sigma, steps, delta)
+        eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(q, sigma, steps, delta)
         check_noise_tail(noise_tail_delta(coordinates, steps, eps_gate), delta)
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)
