@@ -128,7 +128,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         records = shard(records, ctx)                                 # this rank's prompts
         batch, info = arm.batch(records, run.rollout_generator())     # lines 4-6 (objective)
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
-                                 method=config.train.grad_method,
+                                 method=_grad_method(config),
                                  rows_per_pass=config.train.rows_per_pass(arm.cap))  # line 6
         update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,
                                         expected_batch=run.expected_batch, noise=run.noise,
@@ -158,6 +158,14 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                                tuple(notes))
     cert = json.loads((run_dir / "release" / "certificate.json").read_text())
     return TrainResult(run_dir, run_dir / "release", cert, steps, skipped, tuple(notes))
+
+
+def _grad_method(config: RunConfig) -> str:
+    """``train.grad_method``, with ``auto`` resolved: the hook path, or the reference path
+    when gradient checkpointing is on (the hooks' stashes would defeat it)."""
+    if config.train.grad_method != "auto":
+        return config.train.grad_method
+    return "reference" if config.model.gradient_checkpointing else "fast"
 
 
 def _apply(run: RunState, update: dict[str, torch.Tensor]) -> None:
