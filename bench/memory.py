@@ -140,7 +140,9 @@ def run_case(case: str, prompts: int, group: int, length: int, threads: int,
         t0 = time.perf_counter()
         ref = reference_logprobs(model, rollouts, batch_size=rows)
         batch = build_grpo_batch(rollouts, rewards, ref_logprobs=ref)
-        grads = per_prompt_grads(model, GRPOObjective(beta=0.04), batch, rows_per_pass=rows)
+        method = "reference" if checkpointing else "fast"     # train.grad_method = "auto"
+        grads = per_prompt_grads(model, GRPOObjective(beta=0.04), batch, method=method,
+                                 rows_per_pass=rows)
         update = privatize(grads, clip_norm=0.055, noise_multiplier=0.5,
                            expected_batch=float(prompts), noise=NoiseSource()).update
         for name, p in params.items():
