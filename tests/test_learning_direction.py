@@ -46,17 +46,22 @@ def _one_step(model, rollouts, advantages, lr: float = 0.05) -> torch.Tensor:
 
 
 def test_one_step_raises_positive_advantage_completions_over_negative_ones():
-    model, tok = tiny_fp64_policy()
-    rollouts = synthetic_rollouts(tok, 4, 6, seed=1)
+    """Over several initializations and rollout draws: after one step, the completions with
+    A > 0 gain mean token log-prob relative to those with A < 0, on average and in (nearly)
+    every group; with zero advantages and no KL term nothing moves."""
     rewards = torch.tensor([[1., 0, 0, 1, 0, 1], [0, 0, 0, 0, 1, 0],
                             [1, 1, 1, 0, 1, 1], [0, 1, 0, 1, 0, 0]], dtype=torch.float64)
     adv = compute_advantages(rewards, "group")
-    change = _one_step(model, rollouts, adv).reshape(4, 6)
-    pos, neg = change[adv > 0], change[adv < 0]
-    assert float(pos.mean()) > 0 > float(neg.mean())            # up for A > 0, down for A < 0
-    per_prompt = [float(change[i][adv[i] > 0].mean() - change[i][adv[i] < 0].mean())
-                  for i in range(4)]
-    assert all(d > 0 for d in per_prompt), per_prompt              # within every group
-    # the control: zero advantages (and no KL term) leave the policy where it was
-    still = _one_step(model, rollouts, torch.zeros_like(adv))
-    assert float(still.abs().max()) == 0.0
+    gaps, groups = [], []
+    for seed in range(4):
+        model, tok = tiny_fp64_policy(seed=seed)
+        rollouts = synthetic_rollouts(tok, 4, 6, seed=seed)
+        change = _one_step(model, rollouts, adv).reshape(4, 6)
+        gaps.append(float(change[adv > 0].mean() - change[adv < 0].mean()))
+        groups += [float(change[i][adv[i] > 0].mean() - change[i][adv[i] < 0].mean())
+                   for i in range(4)]
+        if seed == 0:   # the control: zero advantages (and no KL term) leave the policy as is
+            still = _one_step(model, rollouts, torch.zeros_like(adv))
+            assert float(still.abs().max()) == 0.0
+    assert all(g > 0 for g in gaps), gaps
+    assert sum(g > 0 for g in groups) >= 0.85 * len(groups), groups

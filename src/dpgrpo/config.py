@@ -123,6 +123,9 @@ class TrainConfig:
     # depends on the data, and results depend on it only through summation order.
     max_tokens_per_pass: int = 512
     rollout_isolation: str = "batched"  # or "isolated": one generate call per prompt
+    # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
+    # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
+    bound_memory: bool = True
 
     def rows_per_pass(self, cap: int) -> int:
         """Rows per training/reference pass for completion cap ``cap`` (public values only):

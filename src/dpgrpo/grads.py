@@ -35,6 +35,7 @@ import torch
 from dpgrpo.errors import ConfigError
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import prompt_row_chunks
+from dpgrpo.runtime import release_free_memory
 
 PerPromptGrads = dict[str, torch.Tensor]   # name -> (B, *param.shape)
 
@@ -101,6 +102,7 @@ def per_prompt_grads_reference(model: torch.nn.Module, objective: Objective,
         _, grads = prompt_gradient(model, objective, batch, i, chunk_size=rows_per_pass)
         for name, g in grads.items():
             out[name][i] = g
+        release_free_memory()             # each prompt starts from the same RSS (runtime.py)
     return out
 
 
@@ -284,6 +286,8 @@ def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: T
             if loss.requires_grad:
                 torch.autograd.grad(loss, hooks.embed_out)
             hooks.embed_out.clear()
+            if rows.stop % r == 0:
+                release_free_memory()     # each prompt starts from the same RSS (runtime.py)
     finally:
         hooks.remove()
     return out

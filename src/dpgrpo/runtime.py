@@ -6,7 +6,14 @@ and frees activations of a few MiB to tens of MiB per layer; once the threshold 
 come from the heap, are not returned to the system when freed, and the heap grows with every
 pass: measured on SmolLM2-135M, peak RSS climbed from 3.4 GB to 5.7 GB over three passes of
 identical size. Fixing the threshold (which also disables its growth) returns each pass's
-memory at its end, so RSS stays at one pass's peak.
+memory at its end, so RSS stays at one pass's peak. A lower threshold returns more but costs
+more: every request above it is a fresh mmap whose pages the kernel must fault in and zero.
+Measured on SmolLM2-135M (three passes of 4 rows): 128 KiB, peak 2.28 GB and 57 s (37 s of it
+in the kernel); 1 MiB, 2.46 GB and 50 s; 4 MiB, 3.8 GB and 40 s; glibc's dynamic default,
+4.1 GB and 36 s. dpgrpo uses 128 KiB and also trims the heap after every prompt
+(:func:`release_free_memory`; with 1 MiB and trimming, 8 prompts x G 8 x 128 tokens peaked at
+2.64 GB instead of 2.42 GB, in 124 s instead of 140 s). ``train.bound_memory = false`` keeps
+glibc's default: about 1.4x faster on CPU, at about 1.7x the peak.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import os
 import sys
 
 _M_MMAP_THRESHOLD = -3          # mallopt parameter (glibc malloc.h)
-_THRESHOLD = 128 * 1024         # glibc's initial default
+_THRESHOLD = 128 * 1024         # glibc's initial default, fixed
 _DONE: list[bool] = []
 
 
@@ -43,4 +50,15 @@ def bound_heap_growth() -> bool:
     return applied
 
 
-__all__ = ["bound_heap_growth"]
+def release_free_memory() -> None:
+    """Return the heap's free pages to the system (glibc ``malloc_trim(0)``); a no-op elsewhere
+    or where :func:`bound_heap_growth` was not applied."""
+    if not (_DONE and _DONE[0]):
+        return
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+__all__ = ["bound_heap_growth", "release_free_memory"]

@@ -115,7 +115,9 @@ def tiny_fp64_policy(*, seed: int = 7, lora_scale: float = 0.2):
     tok = build_tiny_tokenizer()
     base = build_tiny_model(tok, dtype="float64")
     exact_rmsnorm(base)
-    model = attach_lora(base, LoraSettings(dropout=0.0))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)                      # LoRA's A initialization
+        model = attach_lora(base, LoraSettings(dropout=0.0))
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -41,7 +41,7 @@ from dpgrpo.resume import check_charged, gather_evidence, read_run_config, recon
 from dpgrpo.resume import release_is_current
 from dpgrpo.run_setup import RunState, build_run, certificate
 from dpgrpo.runlock import RunLock
-from dpgrpo.runtime import bound_heap_growth
+from dpgrpo.runtime import bound_heap_growth, release_free_memory
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,6 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     of this invocation without the final checkpoint, as an interruption would (used by tests
     of resume).
     """
-    bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     run_dir = Path(output_dir)
     ctx = init_from_env()  # torchrun: one process per GPU; a single process otherwise
     if not ctx.is_main:
@@ -101,6 +100,8 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
     elif _holds_run(run_dir):
         raise ConfigError(f"{run_dir} already holds a run; resume it with --resume or choose "
                           "another --output-dir")
+    if config.train.bound_memory:
+        bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     with quiet_model_loading():
         run = build_run(config, run_dir, ctx)
     journal = PrivacyJournal(run_dir / "recovery" / "journal.jsonl", run.q, run.sigma)
@@ -143,6 +144,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                               "step_skipped": not update.finite,
                               "seconds": time.perf_counter() - tic})
         done_here += 1
+        release_free_memory()                                         # RSS back to baseline
         if progress is not None and ctx.is_main:
             public = {"round": t + 1, "steps": steps, "epsilon": _epsilon_so_far(journal, run),
                       "elapsed": time.perf_counter() - started}
