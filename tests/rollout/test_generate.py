@@ -163,3 +163,18 @@ def test_isolated_rollouts_ignore_batchmates(model, tok):
     assert _rows_of(again, 0) == _rows_of(alone, 0) and _rows_of(again, 1) != _rows_of(alone, 1)
     with pytest.raises(ConfigError, match="one seed per prompt"):
         generate(model, tok, MSGS, seeds=[1], **kw)
+
+
+def test_top_p_and_repetition_penalty_change_the_sampler(model, tok):
+    """The DIBA audit's sampler (top-p 0.9, repetition penalty 1.05) is not training's."""
+    from dpgrpo.audit.scoring import DIBA_SAMPLING
+
+    kw = dict(group_size=4, temperature=1.0, max_new_tokens=8, seeds=[5, 6])
+    plain = generate(model, tok, MSGS, **kw)
+    again = generate(model, tok, MSGS, top_p=1.0, repetition_penalty=1.0, **kw)
+    diba = generate(model, tok, MSGS, top_p=DIBA_SAMPLING.top_p,
+                    repetition_penalty=DIBA_SAMPLING.repetition_penalty, **kw)
+    assert torch.equal(plain.input_ids, again.input_ids)
+    assert not torch.equal(plain.input_ids, diba.input_ids)
+    with pytest.raises(ConfigError, match="top_p"):
+        generate(model, tok, MSGS, top_p=0.0, **kw)

@@ -80,6 +80,11 @@ class CVResult:
     seed: int
     n_estimators: int
 
+    @property
+    def pooled(self) -> AttackMetrics:
+        """Metrics of the pooled out-of-fold scores, with a bootstrap AUC interval (95%)."""
+        return attack_metrics(self.labels, self.oof_scores)
+
     def to_dict(self) -> dict:
         """A JSON-ready dictionary (scores omitted)."""
         return {
@@ -87,6 +92,7 @@ class CVResult:
             "seed": self.seed,
             "n_estimators": self.n_estimators,
             "mean": self.mean.to_dict(),
+            "pooled": self.pooled.to_dict(),
             "folds": [f.to_dict() for f in self.folds],
         }
 

@@ -7,8 +7,9 @@ models. The fine-tuned policy is the released LoRA adapter on the public base; t
 same :class:`peft.PeftModel` inside ``model.disable_adapter()``. Sampling goes through
 :func:`dpgrpo.rollout.generate`, whose only randomness is the ``torch.Generator`` passed in.
 
-Deviation from the paper, stated: ``dpgrpo.rollout.generate`` samples from the full tempered
-distribution (no top-p 0.9, no repetition penalty 1.05), the same sampler as training.
+By default the attack samples from the full tempered distribution, the same sampler as
+training; :data:`DIBA_SAMPLING` (``--diba-sampling``) adds the paper's top-p 0.9 and repetition
+penalty 1.05.
 
 The baselines score the task's gold target text appended to the chat-formatted prompt
 (:mod:`dpgrpo.audit.baselines`).
@@ -37,6 +38,8 @@ class SamplingSettings:
     max_new_tokens: int | None = None      # None: the task's default_max_new_tokens
     prompts_per_batch: int = 4             # prompts per generate call (x n_samples rows)
     score_batch_size: int = 8              # rows per scoring forward pass
+    top_p: float = 1.0                     # DIBA Appendix D: 0.9 (see :data:`DIBA_SAMPLING`)
+    repetition_penalty: float = 1.0        # DIBA Appendix D: 1.05
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
@@ -48,6 +51,13 @@ class SamplingSettings:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.prompts_per_batch < 1 or self.score_batch_size < 1:
             raise ConfigError("batch sizes must be >= 1")
+        if not (0.0 < self.top_p <= 1.0 and self.repetition_penalty > 0.0):
+            raise ConfigError("need 0 < top_p <= 1 and repetition_penalty > 0")
+
+
+#: The attack paper's sampler (Appendix D): 8 samples at temperature 0.5, top-p 0.9 and a
+#: repetition penalty of 1.05 (``dpgrpo audit mia --diba-sampling``).
+DIBA_SAMPLING = SamplingSettings(top_p=0.9, repetition_penalty=1.05)
 
 
 def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -131,7 +141,8 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
     for chunk in _chunks(list(problems), settings.prompts_per_batch):
         messages = [task.prompt(p) for p in chunk]
         kwargs = dict(group_size=n, temperature=settings.temperature, max_new_tokens=cap,
-                      generator=generator)
+                      generator=generator, top_p=settings.top_p,
+                      repetition_penalty=settings.repetition_penalty)
         ft = generate(model, tokenizer, messages, **kwargs)
         with model.disable_adapter():
             base = generate(model, tokenizer, messages, **kwargs)

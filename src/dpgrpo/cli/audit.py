@@ -22,13 +22,18 @@ _TASK = typer.Option(None, "--task", help="Task whose verifier scores responses 
 _DTYPE = typer.Option("float32", "--dtype", help="Model dtype: float32, bfloat16, float16.")
 _DEVICE = typer.Option("cpu", "--device", help="Torch device, e.g. cpu or cuda.")
 _BATCH = typer.Option(4, "--prompts-per-batch", help="Prompts per generate call.")
+_DIBA = typer.Option(False, "--diba-sampling",
+                     help="The attack paper's sampler: top-p 0.9, repetition penalty 1.05.")
 
 
-def _settings(samples: int, temperature: float, max_new_tokens: int | None, batch: int):
-    from dpgrpo.audit.scoring import SamplingSettings
+def _settings(samples: int, temperature: float, max_new_tokens: int | None, batch: int,
+              diba_sampling: bool = False):
+    from dpgrpo.audit.scoring import DIBA_SAMPLING, SamplingSettings
 
+    extra = ({"top_p": DIBA_SAMPLING.top_p, "repetition_penalty": DIBA_SAMPLING.repetition_penalty}
+             if diba_sampling else {})
     return SamplingSettings(n_samples=samples, temperature=temperature,
-                            max_new_tokens=max_new_tokens, prompts_per_batch=batch)
+                            max_new_tokens=max_new_tokens, prompts_per_batch=batch, **extra)
 
 
 @audit_app.command("mia")
@@ -52,6 +57,7 @@ def mia(
                                    help="Also run LOSS, zlib, Min-K% and entropy baselines."),
     seed: int = _SEED,
     prompts_per_batch: int = _BATCH,
+    diba_sampling: bool = _DIBA,
     dtype: str = _DTYPE,
     device: str = _DEVICE,
 ) -> None:
@@ -61,12 +67,15 @@ def mia(
 
     check_out_dir(out)
     outcome = run_mia(run, members, nonmembers, task=task, data_dir=data_dir,
-                      settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch),
+                      settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch,
+                                         diba_sampling),
                       seed=seed, n_folds=folds, n_estimators=trees, baselines=baselines,
                       dtype=dtype, device=device)
     paths = write_mia_report(out, outcome)
-    m = outcome.result.unified.mean
-    typer.echo(f"DIBA: AUC {m.auc:.3f}, balanced accuracy {m.balanced_accuracy:.3f}, "
+    m, pooled = outcome.result.unified.mean, outcome.result.unified.pooled
+    typer.echo(f"DIBA: AUC {m.auc:.3f} (pooled {pooled.auc:.3f}, 95% CI "
+               f"[{pooled.extra['auc_ci_low']:.3f}, {pooled.extra['auc_ci_high']:.3f}]), "
+               f"balanced accuracy {m.balanced_accuracy:.3f}, "
                f"TPR@0.1%FPR {m.tpr_at_fpr['0.001']:.3f}, TPR@1%FPR {m.tpr_at_fpr['0.01']:.3f} "
                f"({outcome.labels.size} candidates, {folds}-fold CV, seed {seed})")
     typer.echo(f"wrote {paths['summary.json']} and {paths['report.md']}")
@@ -91,6 +100,7 @@ def canary(
     max_new_tokens: int | None = _MAX_NEW,
     seed: int = _SEED,
     prompts_per_batch: int = _BATCH,
+    diba_sampling: bool = _DIBA,
     dtype: str = _DTYPE,
     device: str = _DEVICE,
 ) -> None:
@@ -101,7 +111,8 @@ def canary(
     check_out_dir(out)
     outcome = run_canary_audit(
         run, k_plus=k_plus, k_minus=k_minus, confidence=confidence, delta=delta, signal=signal,
-        task=task, settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch),
+        task=task, settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch,
+                                      diba_sampling),
         seed=seed, dtype=dtype, device=device)
     paths = write_canary_report(out, outcome)
     a, cert = outcome.audit, outcome.run.epsilon

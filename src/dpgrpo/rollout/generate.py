@@ -68,15 +68,16 @@ def _empty(group_size: int) -> RolloutBatch:
 
 def _sample_chunk(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                   temperature: float, max_new_tokens: int, stop: list[int], pad_id: int,
-                  seed: int) -> torch.Tensor:
+                  seed: int, top_p: float = 1.0, repetition_penalty: float = 1.0) -> torch.Tensor:
     """Generated tokens only, (n, T) with T <= max_new_tokens (right-padded by generate)."""
     from transformers import GenerationConfig
 
     greedy = temperature == 0.0
     config = GenerationConfig(
         do_sample=not greedy, temperature=None if greedy else float(temperature),
-        top_k=None if greedy else 0, top_p=None if greedy else 1.0,
-        repetition_penalty=1.0, max_new_tokens=max_new_tokens, eos_token_id=stop,
+        top_k=None if greedy else 0, top_p=None if greedy else float(top_p),
+        repetition_penalty=float(repetition_penalty), max_new_tokens=max_new_tokens,
+        eos_token_id=stop,
         pad_token_id=pad_id,
         bos_token_id=getattr(model.config, "bos_token_id", None))
     devices = [prompt_ids.device] if prompt_ids.device.type == "cuda" else []
@@ -91,7 +92,8 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
              temperature: float, max_new_tokens: int,
              generator: torch.Generator | None = None,
              batch_size: int | None = None, isolated: bool = False,
-             seeds: list[int] | None = None) -> RolloutBatch:
+             seeds: list[int] | None = None, top_p: float = 1.0,
+             repetition_penalty: float = 1.0) -> RolloutBatch:
     """Sample ``group_size`` completions per user message (chat template applied).
 
     ``model`` is a causal LM (usually the PeftModel) or a :class:`~dpgrpo.model.Policy`.
@@ -102,7 +104,9 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
     rows per call): a prompt's completions then depend only on that prompt, the weights and
     its coins, never on which prompts share the round (assumption A2), at a cost in speed.
     ``seeds`` (one per prompt; default: drawn from ``generator``) fix each prompt's coins in
-    isolated mode; in batched mode a call uses the seed of its first prompt.
+    isolated mode; in batched mode a call uses the seed of its first prompt. ``top_p`` < 1 and
+    ``repetition_penalty`` != 1 change the sampler (the DIBA audit's option; training keeps
+    the full tempered distribution, 1.0 and 1.0).
     """
     if group_size < 1:
         raise ConfigError(f"group_size must be >= 1, got {group_size}")
@@ -112,6 +116,9 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
         raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if not (0.0 < top_p <= 1.0 and repetition_penalty > 0.0):
+        raise ConfigError(f"need 0 < top_p <= 1 and repetition_penalty > 0, got {top_p} and "
+                          f"{repetition_penalty}")
     if isinstance(model, Policy):
         model = model.model
     if not user_messages:
@@ -154,7 +161,8 @@ def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size
             seed = seeds[rows.start // group_size] + rows.start % group_size
             pieces.append(_sample_chunk(
                 model, ids.to(device), mask.to(device), temperature=temperature,
-                max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id, seed=seed).cpu())
+                max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id, seed=seed, top_p=top_p,
+                repetition_penalty=repetition_penalty).cpu())
     finally:
         model.train(was_training)
 
