@@ -21,40 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 
+from dpgrpo.runtime import PeakRSS   # peak RSS, sampled every 2 ms
+
 VOCAB = 151_936
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * _PAGE
-
-
-class PeakRSS:
-    """Samples RSS in a background thread while the ``with`` block runs."""
-
-    def __enter__(self) -> "PeakRSS":
-        self.before = self.peak = rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            time.sleep(0.002)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
 
 
 def _rollouts(prompt_ids: list[list[int]], group: int, length: int, vocab: int, eos: int,

@@ -39,6 +39,9 @@ class ModelConfig:
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                        "up_proj", "down_proj")
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (less memory)
+    # decoder layers that get adapters (negative indices count from the end; default: all).
+    # Fewer trainable coordinates p means less noise per unit of signal (sigma C sqrt(p)/(q n)).
+    lora_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
@@ -285,6 +288,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     """Load a TOML file (or the defaults) and apply ``section.key=value`` overrides."""
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
+    data.pop("study", None)     # settings of `dpgrpo study`; likewise
     config = config_from_dict(data, source=str(path or "defaults"))
     return apply_overrides(config, overrides or [])
 

@@ -57,6 +57,7 @@ class LoraSettings:
     alpha: float = 8
     dropout: float = 0.05
     target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
+    layers: tuple[int, ...] | None = None   # decoder layers to adapt (negative: from the end)
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -245,9 +246,16 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
     """Wrap ``model`` in a PEFT LoRA adapter: B = 0 at start, only LoRA trainable, fp32."""
     from peft import LoraConfig, get_peft_model
 
+    layers = None
+    if lora.layers is not None:
+        total = int(getattr(model.config, "num_hidden_layers", 0))
+        layers = sorted({i % total if total else i for i in lora.layers})
+        if not total or any(not -total <= i < total for i in lora.layers):
+            raise ConfigError(f"model.lora_layers {list(lora.layers)} out of range for a model "
+                              f"with {total} decoder layers")
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), bias="none",
-                        task_type="CAUSAL_LM")
+                        task_type="CAUSAL_LM", layers_to_transform=layers)
     found = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in lora.target_modules if m not in found]
     if missing:

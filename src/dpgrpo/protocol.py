@@ -178,6 +178,7 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
     path = Path(path)
     data = read_toml(path)
     table = data.pop("protocol", {})
+    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [protocol] must be a table")
     return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table

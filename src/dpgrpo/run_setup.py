@@ -230,7 +230,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     torch.manual_seed(init_seed)
     m = config.model
     lora = LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
-                        target_modules=tuple(m.target_modules))
+                        target_modules=tuple(m.target_modules), layers=m.lora_layers)
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)

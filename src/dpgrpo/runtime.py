@@ -61,4 +61,49 @@ def release_free_memory() -> None:
         pass
 
 
-__all__ = ["bound_heap_growth", "release_free_memory"]
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux ``/proc/self/statm``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class PeakRSS:
+    """Peak RSS of a block, sampled every ``interval`` seconds by a background thread.
+
+    ``with PeakRSS() as mem: ...`` then ``mem.peak`` and ``mem.before`` (bytes); ``reset()``
+    starts a new window without stopping the sampler.
+    """
+
+    def __init__(self, interval: float = 0.002) -> None:
+        self.interval = interval
+        self.before = self.peak = 0
+
+    def reset(self) -> None:
+        self.before = self.peak = rss_bytes()
+
+    def __enter__(self) -> "PeakRSS":
+        import threading
+
+        self.reset()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            self._stop.wait(self.interval)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+
+__all__ = ["PeakRSS", "bound_heap_growth", "release_free_memory", "rss_bytes"]

@@ -163,11 +163,13 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
 
 
 def _grad_method(config: RunConfig) -> str:
-    """``train.grad_method``, with ``auto`` resolved: the hook path, or the reference path
-    when gradient checkpointing is on (the hooks' stashes would defeat it)."""
+    """``train.grad_method``, with ``auto`` resolved: the hook path, or the reference path when
+    gradient checkpointing is on (the hooks' stashes would defeat it) or only some layers are
+    adapted (autograd then skips the backward below the first adapted layer)."""
     if config.train.grad_method != "auto":
         return config.train.grad_method
-    return "reference" if config.model.gradient_checkpointing else "fast"
+    lean = config.model.gradient_checkpointing or config.model.lora_layers is not None
+    return "reference" if lean else "fast"
 
 
 def _apply(run: RunState, update: dict[str, torch.Tensor]) -> None:

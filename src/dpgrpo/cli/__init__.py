@@ -23,9 +23,10 @@ app = typer.Typer(
 
 
 def _register_all() -> None:
-    from dpgrpo.cli import audit, compare, data, evaluate, privacy, protocol, train, verify
+    from dpgrpo.cli import (audit, compare, data, evaluate, privacy, protocol, study, train,
+                            verify)
 
-    for module in (privacy, verify, train, data, evaluate, compare, protocol, audit):
+    for module in (privacy, verify, train, data, evaluate, compare, protocol, study, audit):
         module.register(app)
 
 

@@ -182,3 +182,9 @@ ARITHMETIC = register_task(VerifiedTask(
     needs_data_dir=False,
     description="embedded arithmetic word problems (generated from a public seed)",
 ))
+
+ARITHMETIC_HARD = register_task(replace(
+    ARITHMETIC, name="arithmetic-hard",
+    splits={s: _loader(s, 4, DEFAULT_SIZES) for s in DEFAULT_SIZES},
+    description="embedded arithmetic word problems, level 4: all four operations, half of them "
+                "two-step (generated from a public seed)"))

@@ -1,0 +1,40 @@
+"""`dpgrpo study`: the CPU-scale learning and audit study in one command (dpgrpo.study)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def study_cmd(
+    config: Path = typer.Argument(Path("configs/cpu-study.toml"),
+                                  help="Study TOML: a run config with \\[protocol] and \\[study] tables."),
+    out: Path = typer.Option(Path("runs/cpu-study"), "--out", "-o",
+                             help="Work folder (runs, evaluations, audits); resumable."),
+    results: Path = typer.Option(Path("docs/results"), "--results",
+                                 help="Where cpu-study.md, cpu-study.json and figures go."),
+    sweep: bool = typer.Option(False, "--sweep/--no-sweep",
+                               help="Also train DP-GRPO at the epsilons of study.sweep."),
+    quiet: Optional[bool] = typer.Option(False, "--quiet", help="No progress messages."),
+) -> None:
+    """Base, non-private GRPO, DP-GRPO and control; leaky and private audits; results page."""
+    from dpgrpo.study import run_study
+
+    say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
+    result = run_study(config, out, results_dir=results, sweep=sweep, say=say)
+    s = result["summary"]
+    typer.echo(f"non-private gain {s['nonprivate_gain_pp']:+.1f} pp {s['nonprivate_gain_ci']}; "
+               f"DP-GRPO vs control {s['dp_vs_control_pp']:+.1f} pp {s['dp_vs_control_ci']} "
+               f"(MDE {s['dp_vs_control_mde']:.1f}, noise/signal {s['noise_to_signal']:.1f}); "
+               f"DIBA AUC leaky {s['audit_leaky_auc']:.3f} {s['audit_leaky_auc_ci']}, DP "
+               f"{s['audit_dp_auc']:.3f} {s['audit_dp_auc_ci']}; canary bound "
+               f"{s['canary_eps_lower_bound']:.3f} vs certified {s['certified_eps']:.3f}; "
+               f"{s['wall_seconds'] / 60:.1f} min")
+    typer.echo(f"wrote {results / 'cpu-study.md'} and {results / 'cpu-study.json'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `dpgrpo study` to the app."""
+    app.command("study")(study_cmd)

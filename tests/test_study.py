@@ -1,0 +1,92 @@
+"""`dpgrpo study` end to end on the tiny random model: every step, every key, resumable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dpgrpo.cli import app
+
+STUDY_TOML = """
+[model]
+name = "{model}"
+device = "cpu"
+lora_rank = 1
+target_modules = ["o_proj", "down_proj"]
+lora_layers = [-1]
+[data]
+task = "arithmetic"
+limit = 40
+[privacy]
+expected_batch = 4
+epsilon = 8.0
+[train]
+steps = 2
+group_size = 2
+max_new_tokens = 4
+checkpoint_every = 2
+bound_memory = false
+[protocol]
+arms = ["dp-grpo", "zero-advantage"]
+non_private = true
+seeds = 1
+eval_limit = 12
+draws = 300
+sign_draws = 300
+[study]
+members = 6
+audit_samples = 2
+audit_max_new_tokens = 4
+audit_folds = 2
+sweep = [64.0]
+[study.leaky]
+"train.arm" = "non-private"
+"privacy.noise_multiplier" = "none"
+"data.limit" = 6
+"privacy.expected_batch" = 3
+[study.private_audit]
+"data.limit" = 6
+"privacy.expected_batch" = 3
+"audit.canaries" = 4
+"""
+
+KEYS = {"nonprivate_gain_pp", "nonprivate_gain_ci", "dp_vs_control_pp", "dp_vs_control_ci",
+        "dp_vs_control_mde", "noise_to_signal", "audit_leaky_auc", "audit_leaky_auc_ci",
+        "audit_dp_auc", "audit_dp_auc_ci", "canary_eps_lower_bound", "certified_eps",
+        "wall_seconds"}
+
+
+def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = tmp_path / "study.toml"
+    config.write_text(STUDY_TOML.format(model=tiny_model_dir))
+    out, results = tmp_path / "work", tmp_path / "results"
+    args = ["study", str(config), "--out", str(out), "--results", str(results), "--sweep",
+            "--quiet"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    record = json.loads((results / "cpu-study.json").read_text())
+    assert KEYS <= set(record), sorted(KEYS - set(record))
+    assert len(record["nonprivate_gain_ci"]) == 2 and record["dp_vs_control_mde"] >= 0
+    low, high = record["audit_leaky_auc_ci"]
+    assert 0.0 <= low <= record["audit_leaky_auc"] <= high <= 1.0
+    assert record["certified_eps"] <= 8.0 + 1e-9 and record["canary_eps_lower_bound"] >= 0.0
+    # sigma sqrt(p) / (q n) from the DP-GRPO arm's public certificate
+    cert = record["details"]["dp_certificate"]
+    assert record["noise_to_signal"] == (cert["sigma"] * cert["trainable_coordinates"] ** 0.5
+                                         / cert["expected_batch"])
+    assert [s["epsilon"] for s in record["sweep"]] == [record["details"]["sweep"][0]["epsilon"]]
+    page = (results / "cpu-study.md").read_text()
+    assert "## Contrasts" in page and "## Audits" in page and "## Steps" in page
+    assert any(p.name.startswith("cpu-study-") and p.suffix == ".png" for p in results.iterdir())
+    steps = [r["step"] for r in record["details"]["steps"]]
+    assert len(steps) >= 7 and all(r["peak_rss_bytes"] > 0 for r in record["details"]["steps"])
+    # a rerun finds everything done: the same results, no new training
+    journal = out / "audit" / "leaky" / "recovery" / "journal.jsonl"
+    before = journal.read_text()
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert journal.read_text() == before
+    assert json.loads((results / "cpu-study.json").read_text())["audit_leaky_auc"] == \
+        record["audit_leaky_auc"]
