@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from typing import Any, Callable
 
@@ -70,12 +71,19 @@ class Phases:
             self.peak[name] = {"process_peak_rss_bytes":
                                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
         self.seconds[name] = time.perf_counter() - t0
+        print(json.dumps({"phase": name, "seconds": self.seconds[name], **self.peak[name]}),
+              file=sys.stderr, flush=True)                  # partial figures survive a timeout
         return out
 
 
 def rollouts(model: Any, prompts: int, group: int, cap: int, prompt_len: int, rows_per_call: int,
-             temperature: float, vocab: int, eos: int, pad: int, device: str) -> Any:
-    """G completions per prompt of exactly ``cap`` tokens (EOS suppressed), in row batches."""
+             temperature: float, vocab: int, eos: int, pad: int, device: str,
+             synthetic: bool = False) -> Any:
+    """G completions per prompt of exactly ``cap`` tokens (EOS suppressed), in row batches.
+
+    ``synthetic`` draws the completion tokens at random instead of generating them: the later
+    phases depend only on the shapes, so this times them without the generation's minutes.
+    """
     from transformers import GenerationConfig
 
     from dpgrpo.rollout import RolloutBatch
@@ -94,8 +102,10 @@ def rollouts(model: Any, prompts: int, group: int, cap: int, prompt_len: int, ro
                               pad_token_id=pad)
     model.eval()
     pieces = []
+    if synthetic:
+        pieces.append(torch.randint(3, min(vocab, 100_000), (pids.shape[0], cap), generator=gen))
     with torch.no_grad():
-        for s in range(0, pids.shape[0], rows_per_call):
+        for s in range(0, 0 if synthetic else pids.shape[0], rows_per_call):
             torch.manual_seed(s)
             out = model.generate(input_ids=pids[s:s + rows_per_call].to(device),
                                  attention_mask=pmask[s:s + rows_per_call].to(device),
@@ -129,6 +139,8 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--sigma", type=float, default=0.4842404738068581)
     parser.add_argument("--clip", type=float, default=0.05536)
+    parser.add_argument("--synthetic-rollouts", action="store_true",
+                        help="random completion tokens instead of generation (times the rest)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -152,7 +164,7 @@ def main() -> None:
     cfg = base.config
     ro = phases.run("rollouts", lambda: rollouts(
         model, args.prompts, args.group, args.cap, args.prompt_len, args.rollout_rows, 0.7,
-        cfg.vocab_size, int(cfg.eos_token_id), 0, args.device))
+        cfg.vocab_size, int(cfg.eos_token_id), 0, args.device, args.synthetic_rollouts))
     rewards = torch.randint(0, 2, (args.prompts, args.group),
                             generator=torch.Generator().manual_seed(2)).float()
     ro_dev = phases.run("to_device", lambda: type(ro)(
@@ -184,6 +196,7 @@ def main() -> None:
         "row_length": int(ro.input_ids.shape[1]), "tokens": int(ro.attention_mask.sum()),
         "rollout_rows_per_call": args.rollout_rows, "rows_per_pass": rows,
         "grad_method": args.grad_method, "gradient_checkpointing": args.checkpointing,
+        "synthetic_rollouts": args.synthetic_rollouts,
         "lora_params": sum(p.numel() for p in params.values()),
         "seconds": phases.seconds, "round_seconds": sum(phases.seconds[k] for k in train_phases),
         "peak_memory": phases.peak,
