@@ -68,7 +68,7 @@ def test_protocol_end_to_end_two_seeds(tiny_protocol_toml, tmp_path):
     assert adapters[0] != adapters[1]
     # Per-arm recipes: the supervised arms' learning rates and clipping norm (Appendix C-B).
     for arm, lr in (("filtered-sft", 5e-6), ("gold-sft", 2e-5)):
-        released = _json(out / "runs" / f"{arm}-seed1" / "release" / "config.json")
+        released = _json(out / "runs" / f"{arm}-seed1" / "release" / "dpgrpo_config.json")
         assert released["train"]["learning_rate"] == lr
         assert released["privacy"]["clip_norm"] == SFT_CLIP_NORM
         assert certs[f"{arm}-seed1"]["clip_norm"] == SFT_CLIP_NORM

@@ -93,7 +93,7 @@ def test_release_holds_only_allow_listed_keys(canary_run):
     cert = json.loads((release / "certificate.json").read_text())
     assert set(cert) <= CERTIFICATE_KEYS, sorted(set(cert) - CERTIFICATE_KEYS)
     assert _keys(cert) <= CERTIFICATE_KEYS | NESTED_KEYS, sorted(_keys(cert) - CERTIFICATE_KEYS - NESTED_KEYS)
-    config = json.loads((release / "config.json").read_text())
+    config = json.loads((release / "dpgrpo_config.json").read_text())
     classes = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
                "train": TrainConfig, "audit": AuditConfig}
     sections = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in classes.items()}

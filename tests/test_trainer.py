@@ -43,7 +43,7 @@ def test_release_and_recovery_split(tiny_model_dir, tmp_path):
     release, recovery = tmp_path / "run" / "release", tmp_path / "run" / "recovery"
     assert {p.name for p in release.iterdir()} <= RELEASE_FILES
     assert {"adapter_model.safetensors", "adapter_config.json", "certificate.json",
-            "config.json"} <= {p.name for p in release.iterdir()}
+            "dpgrpo_config.json", "README.md"} == {p.name for p in release.iterdir()}
     cert = result.certificate
     expected = compute_epsilon(40, 4, 4, 1.0, 1 / 400).epsilon
     assert cert["epsilon"] == pytest.approx(expected, rel=1e-12) and cert["delta"] == 1 / 400
@@ -55,7 +55,7 @@ def test_release_and_recovery_split(tiny_model_dir, tmp_path):
     assert cert["arm"] == "dp-grpo" and "dp-accounting" in cert["accountant_version"]
     # Private training-time data and generator states live only in recovery/.
     keys = set()
-    for name in ("certificate.json", "config.json"):
+    for name in ("certificate.json", "dpgrpo_config.json"):
         keys |= _all_keys(json.loads((release / name).read_text()))
     assert not keys & {"seed", "bit_generator", "state", "generators", "reward_mean", "rewards",
                        "length_mean", "telemetry", "optimizer"}
@@ -87,7 +87,7 @@ def test_resume_gives_the_same_ledger(tiny_model_dir, tmp_path):
     fa, fb = _adapter(tmp_path / "full"), _adapter(tmp_path / "part")
     assert all(torch.allclose(fa[k], fb[k], atol=1e-6) for k in fa)
     assert full.certificate["releasable"] is False and full.certificate["seeded"] is True
-    assert json.loads((tmp_path / "full" / "release" / "config.json").read_text())["privacy"]["seeded"]
+    assert json.loads((tmp_path / "full" / "release" / "dpgrpo_config.json").read_text())["privacy"]["seeded"]
 
 
 def test_replayed_rounds_are_charged(tiny_model_dir, tmp_path):

@@ -3,10 +3,38 @@
 The package implements DP-GRPO (Algorithm 1 of "Reward-Driven Learning under Prompt-Level
 Differential Privacy"): Poisson-sampled prompts, G verified completions per prompt, one clipped
 gradient per prompt, Gaussian noise once per round, and PLD accounting.
+
+The top-level API (docs: :mod:`dpgrpo.api`)::
+
+    from dpgrpo import train, evaluate, make_task, RunConfig, load_config
+
+* :func:`train` runs Algorithm 1 on a config, a built-in task, or your own ``problems`` (a
+  list of dicts or :class:`~dpgrpo.tasks.Problem`, or a ``datasets.Dataset``) with reward
+  functions ``(completion, problem) -> float``, on a model name or a model object;
+* :func:`evaluate` is ``dpgrpo eval``; :func:`make_task` builds a task from problems and rewards;
+* :class:`RunConfig` and its sections (:class:`ModelConfig`, :class:`DataConfig`,
+  :class:`PrivacyConfig`, :class:`TrainConfig`, :class:`AuditConfig`), :func:`load_config`,
+  :func:`embedded_default`; :class:`TrainResult`; the errors.
+
+Heavy modules (torch, transformers) load on first use, so ``import dpgrpo`` stays light.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
+from typing import Any
+
+__version__ = "0.2.0"
+
+from dpgrpo.config import (  # noqa: E402
+    AuditConfig,
+    DataConfig,
+    ModelConfig,
+    PrivacyConfig,
+    RunConfig,
+    TrainConfig,
+    embedded_default,
+    load_config,
+)
 from dpgrpo.errors import (  # noqa: E402
     ConfigError,
     DataError,
@@ -16,12 +44,29 @@ from dpgrpo.errors import (  # noqa: E402
     ReleaseError,
 )
 
+#: name -> module of the objects loaded on first use (PEP 562)
+_LAZY = {"train": "dpgrpo.api", "evaluate": "dpgrpo.api", "prepare": "dpgrpo.api",
+         "TrainResult": "dpgrpo.trainer", "make_task": "dpgrpo.tasks.custom",
+         "RewardTask": "dpgrpo.tasks.custom", "Problem": "dpgrpo.tasks.base",
+         "get_task": "dpgrpo.tasks", "push_release": "dpgrpo.release"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dpgrpo' has no attribute {name!r}")
+
+
 __all__ = [
     "__version__",
-    "ConfigError",
-    "DataError",
-    "DPGRPOError",
-    "PrivacyBudgetError",
-    "PrivacyError",
+    "AuditConfig", "DataConfig", "ModelConfig", "PrivacyConfig", "RunConfig", "TrainConfig",
+    "embedded_default", "load_config",
+    "Problem", "RewardTask", "TrainResult", "evaluate", "get_task", "make_task", "prepare",
+    "push_release", "train",
+    "ConfigError", "DataError", "DPGRPOError", "PrivacyBudgetError", "PrivacyError",
     "ReleaseError",
 ]

@@ -12,11 +12,12 @@ per-record computation differs (Corollary 2):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from dpgrpo.metrics import Laps
 from dpgrpo.objectives import TrainBatch
 from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, compute_advantages
 from dpgrpo.objectives.grpo import reference_logprobs
@@ -32,6 +33,7 @@ class Arm:
     name: str
     objective: Any
     run: Any
+    laps: Laps = field(default_factory=Laps)  # public wall-clock per phase (dpgrpo.metrics)
 
     @property
     def cap(self) -> int:
@@ -44,6 +46,7 @@ class Arm:
         if self.name == "gold-sft":
             return self._gold(records)
         rollouts, rewards = self._rollouts(records, generator, base=self.name == "filtered-sft")
+        self.laps.mark("rollout")
         info = _info(rollouts, rewards)
         if self.name == "filtered-sft":
             return build_filtered_sft_batch(rollouts, rewards), info
@@ -52,6 +55,7 @@ class Arm:
         ref = (reference_logprobs(self.run.model, rollouts,
                                   batch_size=cfg.rows_per_pass(self.cap))
                if cfg.beta > 0 else None)
+        self.laps.mark("reference")
         return build_grpo_batch(rollouts, rewards, adv, ref), info
 
     def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator, *,

@@ -3,8 +3,10 @@
 A run directory holds two trees:
 
 * ``release/``: the LoRA adapter (PEFT format), the resolved public configuration
-  (``config.json``) and ``certificate.json``. Only names on :data:`RELEASE_FILES` may be written
-  there; anything else raises :class:`ReleaseError`.
+  (``dpgrpo_config.json``: not ``config.json``, which transformers would read as the model's),
+  ``certificate.json`` and a model card (``README.md``: PEFT's metadata, base model by its
+  public hub id, and the certificate's summary). Only names on :data:`RELEASE_FILES` may be
+  written there; anything else raises :class:`ReleaseError`.
 * ``recovery/``: optimizer state, the privacy journal (:mod:`dpgrpo.privacy.journal`),
   generator states and per-round training telemetry (rewards, losses, lengths: private
   training-time data). Publishing it would void the guarantee.
@@ -34,9 +36,8 @@ from typing import Any, Iterator
 import torch
 
 from dpgrpo.errors import ConfigError, DiskFullError, RecoveryError, ReleaseError
+from dpgrpo.release import RELEASE_CONFIG, RELEASE_FILES
 
-RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", "config.json",
-                           "certificate.json", "README.md"})
 KEEP_CHECKPOINTS = 2
 _STEP = re.compile(r"step-(\d{6,})")
 
@@ -167,15 +168,33 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
         warnings.filterwarnings("ignore", message="Unable to fetch remote file")
         # The LoRA never resizes the vocabulary: no need to save (or look up) embeddings.
         model.save_pretrained(str(tmp), save_embedding_layers=False)
-    atomic_write_json(tmp / "config.json", config)
+    atomic_write_json(tmp / RELEASE_CONFIG, config)
     atomic_write_json(tmp / "certificate.json", certificate)
-    atomic_write_text(tmp / "README.md", _release_readme(certificate))
+    atomic_write_text(tmp / "README.md", _model_card(tmp) + _release_readme(certificate))
     stray = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
     if stray:
         raise ReleaseError(f"refusing to release unexpected files {stray}: only "
                            f"{sorted(RELEASE_FILES)} may leave the curator")
     for path in tmp.iterdir():
         _fsync_file(path)
+
+
+def _model_card(release: Path) -> str:
+    """YAML front matter of the model card: PEFT's own (base_model, library_name: peft,
+    pipeline_tag, tags) with the base named by its public name, plus dpgrpo's tags."""
+    from huggingface_hub import ModelCardData
+    from huggingface_hub.repocard import metadata_load
+
+    card = release / "README.md"  # PEFT's, written by save_pretrained
+    meta = (metadata_load(card) if card.exists() else None) or {}
+    adapter = json.loads((release / "adapter_config.json").read_text())
+    base = adapter.get("base_model_name_or_path") or meta.get("base_model")
+    tags = [t for t in meta.get("tags", []) if not str(t).startswith("base_model:")]
+    meta.update(base_model=base, library_name="peft")
+    meta.setdefault("pipeline_tag", "text-generation")
+    meta["tags"] = [*([f"base_model:adapter:{base}"] if base else []), *tags,
+                    *(t for t in ("dpgrpo", "differential-privacy", "grpo") if t not in tags)]
+    return f"---\n{ModelCardData(**meta).to_yaml()}\n---\n\n"
 
 
 def _release_readme(cert: dict[str, Any]) -> str:
@@ -202,7 +221,10 @@ def _release_readme(cert: dict[str, Any]) -> str:
             f"{cert.get('rounds_charged')} rounds of the Poisson-subsampled Gaussian mechanism "
             f"(q = {cert.get('q')}, sigma = {cert.get('sigma')}), accounted with "
             f"{cert.get('accountant')}. Status: {status}.\n\n{protects}Load with "
-            "`peft.PeftModel.from_pretrained(base_model, this_directory)`; see certificate.json.\n")
+            "`peft.PeftModel.from_pretrained(base_model, this_directory)`, "
+            "`peft.AutoPeftModelForCausalLM.from_pretrained(this_directory)` or (with peft "
+            "installed) `transformers.AutoModelForCausalLM.from_pretrained(this_directory)`; "
+            f"see certificate.json and {RELEASE_CONFIG} (the public training config).\n")
 
 
 def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,

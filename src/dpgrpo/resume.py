@@ -167,7 +167,7 @@ def release_is_current(run_dir: Path, round_done: int, rounds_charged: int) -> b
         cert = json.loads((release / "certificate.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    names = {"adapter_model.safetensors", "adapter_config.json", "config.json"}
+    names = {"adapter_model.safetensors", "adapter_config.json", "dpgrpo_config.json"}
     return (isinstance(cert, dict) and cert.get("rounds_retained") == round_done
             and cert.get("rounds_charged") == rounds_charged
             and all((release / name).is_file() for name in names))

@@ -131,8 +131,10 @@ def _slots(config: RunConfig, task: Any, run_dir: Path,
            ctx: DistContext) -> tuple[list[Any], SlotCount]:
     """n public slots: the split's first valid problems, absent slots, then the canaries."""
     from dpgrpo.tasks import load_split
+    from dpgrpo.tasks.custom import check_public_n
 
     data = config.data
+    check_public_n(task, data.n_slots, data.limit)  # a private list's length is not public
     loaded = load_split(task, data.split, data.data_dir, source=data.source,
                         skip_invalid=data.skip_invalid)
     if loaded.skipped:  # the count is private: debug level only (invariant 6)
@@ -191,6 +193,7 @@ def _epsilon_ceiling(q: float, sigma: float, steps: int, delta: float) -> float:
 def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
     """Resolve the public constants, calibrate sigma, load the model and the optimizer."""
     from dpgrpo.model import LoraSettings, enable_gradient_checkpointing, load_policy
+    from dpgrpo.model import public_model_name
     from dpgrpo.tasks import get_task
 
     ctx = ctx or DistContext()
@@ -235,7 +238,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
     for peft_config in getattr(policy.model, "peft_config", {}).values():
-        peft_config.base_model_name_or_path = m.name  # public name, not a local cache path
+        peft_config.base_model_name_or_path = public_model_name(m.name)  # hub id, not a cache path
     policy.model.train()
     if ctx.active:  # distinct dropout masks per rank from here on
         torch.manual_seed(init_seed + 7919 * ctx.rank)

@@ -34,6 +34,7 @@ from dpgrpo.distributed import DistContext, barrier, broadcast_object, init_from
 from dpgrpo.distributed import privatize_across_ranks, shard
 from dpgrpo.errors import ConfigError
 from dpgrpo.grads import per_prompt_grads, trainable_parameters
+from dpgrpo.metrics import open_metrics
 from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.privacy.journal import PrivacyJournal
 from dpgrpo.quiet import quiet_model_loading
@@ -114,6 +115,9 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
             atomic_write_text_config(run)
             journal.open()
     arm = make_arm(run)
+    laps = arm.laps  # wall-clock per phase: public metrics (train.metrics), never data
+    metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True))
+               if ctx.is_main else None)
     q, sigma, clip = run.q, run.sigma, run.clip_norm
     skipped = run.steps_skipped
     steps = config.train.steps
@@ -127,17 +131,21 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
         records = [run.slots[i] for i in sampled if run.slots[i] is not None]  # absent: zero
         records = shard(records, ctx)                                 # this rank's prompts
+        laps.reset()
         batch, info = arm.batch(records, run.rollout_generator())     # lines 4-6 (objective)
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                                  method=_grad_method(config),
                                  rows_per_pass=config.train.rows_per_pass(arm.cap))  # line 6
+        laps.mark("gradients")
         update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,
                                         expected_batch=run.expected_batch, noise=run.noise,
                                         ctx=ctx)                      # lines 7-8
+        laps.mark("mechanism")
         if update.finite:                                             # line 9
             _apply(run, update.update)
         else:
             skipped += 1                                              # still charged
+        laps.mark("step")
         run.telemetry.append({"round": t + 1, "batch_size": update.num_records, **info,
                               "nonfinite_records": update.num_nonfinite,
                               "clipped_records": update.num_clipped,
@@ -145,19 +153,26 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                               "seconds": time.perf_counter() - tic})
         done_here += 1
         release_free_memory()                                         # RSS back to baseline
-        if progress is not None and ctx.is_main:
+        if (progress is not None or metrics is not None) and ctx.is_main:
             public = {"round": t + 1, "steps": steps, "epsilon": _epsilon_so_far(journal, run),
                       "elapsed": time.perf_counter() - started}
+            if metrics is not None:                                   # public values only
+                metrics.log({**public, "time/round": time.perf_counter() - tic, **laps.row()})
             private = {"batch_size": update.num_records, "reward_mean": info.get("reward_mean")}
-            progress({**public, **private} if show_private else public)
+            if progress is not None:
+                progress({**public, **private} if show_private else public)
         if (t + 1) % config.train.checkpoint_every == 0 or t + 1 == steps:
             run.steps_skipped = skipped
             if ctx.is_main:
                 _checkpoint(run, journal, t + 1)
             barrier(ctx)
         if stop_after is not None and done_here >= stop_after and t + 1 < steps:
+            if metrics is not None:
+                metrics.close()
             return TrainResult(run_dir, run_dir / "release", {}, t + 1, skipped,  # "crash"
                                tuple(notes))
+    if metrics is not None:
+        metrics.close()
     cert = json.loads((run_dir / "release" / "certificate.json").read_text())
     return TrainResult(run_dir, run_dir / "release", cert, steps, skipped, tuple(notes))
 

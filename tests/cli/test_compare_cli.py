@@ -45,10 +45,12 @@ def test_compare_writes_report_json_and_figures(app: typer.Typer, tmp_path: Path
             "--draws", "2000", "--sign-draws", "3000", "--seed", "11"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "dp-grpo - control (strict): +7.00 pp [" in result.output
     md = (out / "report.md").read_text()
     assert "| dp-grpo | 2 | 57.50 (+7.50) | 60.83 (+7.50) |" in md
     report = json.loads((out / "report.json").read_text())
+    assert json.loads(result.stdout) == report  # --json: one object on stdout
+    text = CliRunner().invoke(app, [a for a in args if a != "--json"])
+    assert "dp-grpo - control (strict): +7.00 pp [" in text.stdout
     row = next(c for c in report["contrasts"]
                if (c["comparator"], c["scorer"]) == ("sft", "strict"))
     expected = stats.contrast(data.matrix("dp-grpo"), data.matrix("sft"), draws=2000,

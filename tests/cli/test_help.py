@@ -24,7 +24,7 @@ def test_every_command_has_help_text():
     names = {" ".join(path) for path, _ in found}
     assert {"train", "verify", "eval", "compare", "protocol", "privacy calibrate",
             "privacy epsilon", "privacy report", "data summary", "audit mia",
-            "audit canary", "rescore", "score"} <= names
+            "audit canary", "rescore", "score", "push"} <= names
     for path, cmd in found:
         assert (cmd.help or cmd.short_help or "").strip(), f"`dpgrpo {' '.join(path)}` has no help"
         result = CliRunner().invoke(app, [*path, "--help"])

@@ -26,7 +26,7 @@ def test_privacy_report_calibrates_the_gsm8k_setting(tmp_path: Path) -> None:
     out = tmp_path / "report" / "budget.md"
     result = _invoke("privacy", "report", str(cfg), "--out", str(out), "--json")
     assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.stdout.strip().splitlines()[0])
+    (row,) = json.loads(result.stdout.strip().splitlines()[0])["rows"]
     assert row["configuration"] == "gsm8k-shape"
     assert (row["n"], row["m"], row["T"]) == (6961, 128, 100)
     assert row["sigma"] == pytest.approx(GSM8K_SIGMA, rel=1e-6) and row["sigma_calibrated"]
@@ -44,7 +44,7 @@ def test_privacy_report_calibrates_the_gsm8k_setting(tmp_path: Path) -> None:
 def test_protocol_command_runs_resumes_and_reports(tiny_protocol_toml: Path, tmp_path: Path) -> None:
     cfg = tiny_protocol_toml
     out = tmp_path / "protocol"
-    args = ["protocol", "--config", str(cfg), "--seeds", "2", "--arms", "dp-grpo",
+    args = ["protocol", str(cfg), "--seeds", "2", "--arms", "dp-grpo",
             "--non-private", "--eval-limit", "6", "--no-figures", "--out", str(out)]
     result = _invoke(*args)
     assert result.exit_code == 0, result.output

@@ -41,8 +41,13 @@ def test_eval_writes_contract_files_and_resumes(tiny_model_dir: Path, tiny: tupl
     records = [json.loads(line) for line in lines]
     problems = load_problems("arithmetic", "eval")[:5]
     assert [r["id"] for r in records] == [p.id for p in problems]
-    for record in records:
-        assert set(record) == {"id", "response", "n_tokens", "hit_cap", "scores"}
+    task = get_task("arithmetic")
+    for doc_id, (record, problem) in enumerate(zip(records, problems)):
+        assert set(record) == {"id", "doc_id", "prompt", "target", "response", "n_tokens",
+                               "hit_cap", "scores"}
+        # lm-eval-like: position in the split, the user message and the (public) gold answer
+        assert (record["doc_id"], record["target"]) == (doc_id, problem.answer)
+        assert record["prompt"] == task.prompt(problem) and problem.question in record["prompt"]
         assert set(record["scores"]) == {"strict"}
         assert set(record["scores"]["strict"]) == {"extracted", "correct", "timed_out"}
         assert 1 <= record["n_tokens"] <= 12

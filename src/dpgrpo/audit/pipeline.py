@@ -1,7 +1,7 @@
 """End-to-end audits of a run directory: DIBA membership inference and the canary audit.
 
-A run directory holds ``release/`` (the PEFT adapter, ``config.json`` with the resolved public
-config, ``certificate.json`` with the certified ``epsilon`` and ``delta``) and ``recovery/``
+A run directory holds ``release/`` (the PEFT adapter, ``dpgrpo_config.json`` with the resolved
+public config, ``certificate.json`` with the certified ``epsilon`` and ``delta``) and ``recovery/``
 (private training state; the canary plan is ``recovery/canaries.json``). Both audits load the
 release on its public base (:func:`dpgrpo.model.load_adapter`) and never read anything else
 from the run except, for the canary audit, the secret inclusion bits needed to count correct
@@ -56,14 +56,17 @@ def _read_json(path: Path) -> dict:
 
 
 def read_run(run_dir: str | Path) -> RunInfo:
-    """Read ``release/config.json`` and ``release/certificate.json`` (the latter optional)."""
+    """Read ``release/dpgrpo_config.json`` (an old release's ``config.json``) and
+    ``release/certificate.json`` (optional)."""
+    from dpgrpo.release import read_release_config, release_config_path
+
     run_dir = Path(run_dir)
     release = run_dir / "release"
-    config = _read_json(release / "config.json")
+    config = read_release_config(release)
     model = config.get("model", {})
     name = model.get("name") if isinstance(model, dict) else model
     if not name:
-        raise DataError("no model name", path=str(release / "config.json"), field="model.name")
+        raise DataError("no model name", path=str(release_config_path(release)), field="model.name")
     data = config.get("data", {})
     task = config.get("task", {})
     task_name = task.get("name") if isinstance(task, dict) else task

@@ -1,7 +1,7 @@
 """A fabricated run directory for audit tests and demos: tiny model, random LoRA release.
 
 :func:`make_toy_run` writes ``release/`` (a PEFT adapter whose B matrices are random, so the
-fine-tuned policy differs from the base; ``config.json``; ``certificate.json``) and
+fine-tuned policy differs from the base; ``dpgrpo_config.json``; ``certificate.json``) and
 ``recovery/canaries.json`` the way the trainer will. :func:`register_toy_task` registers
 ``audit-toy``, a verifier-only task (the response is correct when it contains the answer).
 """
@@ -79,7 +79,7 @@ def make_toy_run(run_dir: str | Path, model_dir: str | Path, *, n_canaries: int 
                 param.copy_(adapter_scale * torch.randn(param.shape, generator=gen))
     policy.model.save_pretrained(release)
     task = register_toy_task()
-    (release / "config.json").write_text(json.dumps(
+    (release / "dpgrpo_config.json").write_text(json.dumps(
         {"model": {"name": str(model_dir)}, "task": {"name": task}}, indent=1))
     (release / "certificate.json").write_text(json.dumps({"epsilon": epsilon, "delta": delta}))
     plan = CanaryPlan.create(n_canaries, seed=seed, generator=torch.Generator().manual_seed(seed))

@@ -3,14 +3,21 @@
 Each command group lives in its own module and registers itself through ``register(app)``.
 Library errors (:class:`dpgrpo.errors.DPGRPOError`) become one-line messages and a non-zero
 exit status here, in one place.
+
+One grammar across commands: a command's config file is its positional argument; ``-o/--out``
+names the output (a folder, or the file of commands that write one file); ``--json`` prints one
+JSON object on stdout. Older spellings (``train --output-dir``, ``protocol --config``,
+``verify --json FILE``) remain as hidden aliases.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import typer
 
+from dpgrpo import __version__
 from dpgrpo.errors import DPGRPOError
 
 app = typer.Typer(
@@ -22,11 +29,24 @@ app = typer.Typer(
 )
 
 
-def _register_all() -> None:
-    from dpgrpo.cli import (audit, compare, data, evaluate, privacy, protocol, study, train,
-                            verify)
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dpgrpo {__version__}")
+        raise typer.Exit()
 
-    for module in (privacy, verify, train, data, evaluate, compare, protocol, study, audit):
+
+@app.callback()
+def _root(version: Optional[bool] = typer.Option(
+        None, "--version", callback=_version, is_eager=True,
+        help="Print the version and exit.")) -> None:
+    """RLVR (GRPO) under prompt-level differential privacy."""
+
+
+def _register_all() -> None:
+    from dpgrpo.cli import (audit, compare, data, evaluate, privacy, protocol, push, study,
+                            train, verify)
+
+    for module in (privacy, verify, train, data, evaluate, compare, protocol, study, audit, push):
         module.register(app)
 
 

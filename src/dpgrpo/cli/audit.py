@@ -43,7 +43,7 @@ def mia(
                                 help="Members: JSONL file or TASK:SPLIT[a:b]."),
     nonmembers: str = typer.Option(..., "--nonmembers",
                                    help="Non-members: JSONL file or TASK:SPLIT[a:b]."),
-    out: Path = typer.Option(..., "--out", help="Output folder (not inside a release)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder (not inside a release)."),
     task: str | None = _TASK,
     data_dir: Path | None = typer.Option(None, "--data-dir",
                                          help="Benchmark folder for split specs."),
@@ -85,7 +85,7 @@ def mia(
 def canary(
     run: Path = typer.Option(..., "--run",
                              help="Run directory (release/ and recovery/canaries.json)."),
-    out: Path = typer.Option(..., "--out", help="Output folder (not inside a release)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output folder (not inside a release)."),
     k_plus: int | None = typer.Option(None, "--k-plus",
                                       help="Canaries guessed 'in' (default m/10)."),
     k_minus: int | None = typer.Option(None, "--k-minus",

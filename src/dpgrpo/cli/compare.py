@@ -5,6 +5,7 @@ A thin wrapper over :func:`dpgrpo.reports.compare.run_compare` (paper Sections V
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -23,8 +24,9 @@ def compare(
     inputs: List[Path] = typer.Argument(
         ..., help="predictions.jsonl files, eval output dirs, or run dirs with eval/."),
     base: Path = typer.Option(..., "--base", help="The public base's predictions (file or dir)."),
-    out: Path = typer.Option(..., "--out", help="Output directory for report.md and figures."),
-    write_json: bool = typer.Option(False, "--json", help="Also write report.json."),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="Output directory for report.md, report.json and figures."),
+    as_json: bool = typer.Option(False, "--json", help="Print report.json's object on stdout."),
     labels: Optional[List[str]] = typer.Option(
         None, "--labels",
         help="ARM or ARM:SEED per input (comma-separated or repeated), used where an input "
@@ -46,7 +48,12 @@ def compare(
     settings = Settings(draws=draws, sign_draws=sign_draws, seed=seed,
                         holm_family=holm_family)  # type: ignore[arg-type]
     comparison, written = run_compare(inputs, base, out, labels=_split_labels(labels),
-                                      settings=settings, write_json=write_json, figures=figures)
+                                      settings=settings, write_json=True, figures=figures)
+    if as_json:
+        typer.echo(json.dumps(comparison.to_dict()))
+        for path in written:
+            typer.echo(f"wrote {path}", err=True)
+        return
     for row in comparison.contrasts:
         if row.scorer == comparison.scorers[0]:
             c = row.result

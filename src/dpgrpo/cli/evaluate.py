@@ -8,35 +8,22 @@ from typing import Optional
 
 import typer
 
-TASK_HELP = "arithmetic, gsm8k, math, csqa or svamp."
+TASK_HELP = "arithmetic, gsm8k, math, csqa, svamp, or package.module:attr."
 DATA_HELP = "Folder holding the benchmark files (e.g. ../shared/data)."
-
-
-def _from_run(run: Path) -> tuple[str, str, Path, str, Optional[str]]:
-    """(model, task, adapter dir, arm, data_dir) of a training run's public release."""
-    import json
-
-    from dpgrpo.errors import DataError
-
-    path = run / "release" / "config.json"
-    try:
-        config = json.loads(path.read_text())
-        return (config["model"]["name"], config["data"]["task"], run / "release",
-                config["train"]["arm"], config["data"].get("data_dir"))
-    except FileNotFoundError:
-        raise DataError("not a dpgrpo run (no release/config.json)", path=str(path)) from None
-    except (KeyError, TypeError, json.JSONDecodeError) as err:
-        raise DataError(f"unreadable release config ({err})", path=str(path)) from None
+SOURCE_HELP = "local (files in --data-dir) or hub (Hugging Face datasets; needs internet)."
 
 
 def eval_cmd(
     task: Optional[str] = typer.Option(None, "--task", help=TASK_HELP),
     model: Optional[str] = typer.Option(
         None, "--model", help="Alias (smollm2-135m), model folder, .gguf or hub id."),
-    out: Path = typer.Option(..., "--out", help="Folder for predictions.jsonl and summary.json."),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="Folder for predictions.jsonl and summary.json."),
     run: Optional[Path] = typer.Option(
-        None, "--run", help="A training run: model, task, adapter and arm from its release/."),
+        None, "--run", help="A training run: model, task, adapter, arm, data, dtype and device "
+                            "from its release/ (options given here win)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_HELP),
+    source: Optional[str] = typer.Option(None, "--source", help=SOURCE_HELP),
     split: str = typer.Option("eval", "--split", help="Split to evaluate."),
     adapter: Optional[Path] = typer.Option(
         None, "--adapter", help="Released adapter folder (default: the base model)."),
@@ -45,8 +32,11 @@ def eval_cmd(
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generate call."),
     max_new_tokens: Optional[int] = typer.Option(
         None, "--max-new-tokens", help="Completion cap (default: the task's)."),
-    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16, float16."),
-    device: str = typer.Option("cpu", "--device", help="cpu, cuda, ..."),
+    dtype: Optional[str] = typer.Option(
+        None, "--dtype", help="float32, bfloat16, float16 (default: the run's, else float32)."),
+    device: Optional[str] = typer.Option(
+        None, "--device", help="auto, cpu, cuda, ... (default: the run's, else auto: a GPU "
+                               "when there is one)."),
     arm: Optional[str] = typer.Option(
         None, "--arm", help="Label recorded in the summary (e.g. dp-grpo)."),
     seed: Optional[int] = typer.Option(
@@ -64,17 +54,22 @@ def eval_cmd(
     from dpgrpo.errors import ConfigError
     from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
 
-    if run is not None:
-        run_model, run_task, run_adapter, run_arm, run_data = _from_run(run)
-        model, task = model or run_model, task or run_task
-        adapter, arm = adapter or run_adapter, arm or run_arm
-        data_dir = data_dir or (Path(run_data) if run_data else None)
+    from dpgrpo.release import eval_defaults
+
+    found = eval_defaults(run) if run is not None else {}
+    model, task = model or found.get("model"), task or found.get("task")
+    adapter, arm = adapter or found.get("adapter"), arm or found.get("arm")
+    run_data = found.get("data_dir")
+    data_dir = data_dir or (Path(run_data) if run_data else None)
     if task is None or model is None:
         raise ConfigError("give --task and --model, or --run RUN_DIR")
     settings = EvalSettings(task=task, model=model, out_dir=out, data_dir=data_dir, split=split,
                             adapter=adapter, limit=limit, batch_size=batch_size,
-                            max_new_tokens=max_new_tokens, dtype=dtype, device=device, arm=arm,
-                            seed=seed, skip_invalid=skip_invalid, check_timeout_s=check_timeout)
+                            max_new_tokens=max_new_tokens,
+                            dtype=dtype or found.get("dtype", "float32"),
+                            device=device or found.get("device", "auto"), arm=arm, seed=seed,
+                            skip_invalid=skip_invalid, check_timeout_s=check_timeout,
+                            source=source or found.get("source", "local"))
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=as_json) as bar:
@@ -91,8 +86,10 @@ def rescore_cmd(
         None, "--task", help="Default: from the summary.json beside it."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_HELP),
     split: str = typer.Option("eval", "--split", help="Split the predictions came from."),
+    source: str = typer.Option("local", "--source", help=SOURCE_HELP),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip invalid records."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the rescored predictions here."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Write the rescored predictions here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Score saved predictions again with one scorer, without generating."""
@@ -111,7 +108,7 @@ def rescore_cmd(
             raise ConfigError(f"no summary.json beside {predictions}: pass --task")
         task = str(read_summary(summary_path).get("task"))
     spec = get_task(task)
-    problems = load_problems(spec, split, data_dir, skip_invalid=skip_invalid)
+    problems = load_problems(spec, split, data_dir, skip_invalid=skip_invalid, source=source)
     result = rescore(read_predictions(predictions), problems, spec, scorer)
     if out is not None:
         write_predictions(out, result.predictions)

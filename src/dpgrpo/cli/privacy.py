@@ -148,18 +148,21 @@ def convert_cmd(
 def report_cmd(
     configs: list[Path] = typer.Argument(..., help="Training configs (TOML, as `dpgrpo train` "
                                                    "takes them)."),
-    out: Path = typer.Option(..., "--out", help="Markdown file for the Table VI-style table."),
+    out: Path = typer.Option(..., "--out", "-o",
+                             help="Markdown file for the Table VI-style table."),
     overrides: list[str] = typer.Option([], "--set", help="Override applied to every config: "
                                                           "section.key=value (repeatable)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON and also write "
-                                                       "them beside OUT with the suffix .json."),
+    as_json: bool = typer.Option(False, "--json", help="Print {\"rows\": [...]} as one JSON "
+                                                       "object and also write the rows beside "
+                                                       "OUT with the suffix .json."),
 ) -> None:
     """Budget table (n, m, sigma, T, PLD and RDP epsilon) of training configs (Appendix A-F)."""
     from dpgrpo.reports.budget import budget_rows, budget_table, write_budget_report
 
     rows = budget_rows(configs, overrides)
     written = write_budget_report(rows, out, as_json=as_json)
-    typer.echo(json.dumps([r.to_dict() for r in rows]) if as_json else budget_table(rows))
+    typer.echo(json.dumps({"rows": [r.to_dict() for r in rows]}) if as_json
+               else budget_table(rows))
     for path in written:
         typer.echo(f"wrote {path}", err=True)
 

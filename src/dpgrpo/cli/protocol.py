@@ -6,6 +6,7 @@ A thin wrapper over :mod:`dpgrpo.protocol`; options given here override the conf
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,10 +14,11 @@ import typer
 
 
 def protocol_cmd(
-    config: Optional[Path] = typer.Option(
-        None, "--config", "-c",
-        help="Benchmark TOML (as `dpgrpo train` takes it, plus an optional \\[protocol] table); "
-             "default: the embedded CPU demo."),
+    config: Optional[Path] = typer.Argument(
+        None, help="Benchmark TOML (as `dpgrpo train` takes it, plus an optional \\[protocol] "
+                   "table); default: the embedded CPU demo."),
+    config_option: Optional[Path] = typer.Option(None, "--config", "-c", hidden=True,
+                                                 help="Old spelling of the CONFIG argument."),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per private arm (default 2)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Output folder (default runs/protocol-<task>)."),
@@ -38,12 +40,17 @@ def protocol_cmd(
                                            help="Write PNG figures (needs matplotlib)."),
     overrides: List[str] = typer.Option([], "--set",
                                         help="Override: section.key=value (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Train every arm per seed, evaluate each the same way, compare with the base; resumable."""
     from dpgrpo.protocol import load_protocol_config, plan_protocol, protocol_settings
     from dpgrpo.protocol import run_protocol
 
-    cfg, table = load_protocol_config(config, overrides)
+    from dpgrpo.errors import ConfigError
+
+    if config is not None and config_option is not None:
+        raise ConfigError("give the config once (positional CONFIG)")
+    cfg, table = load_protocol_config(config or config_option, overrides)
     arm_list = [a.strip() for value in arms or [] for a in value.split(",") if a.strip()]
     settings = protocol_settings(
         table, seeds=seeds, arms=arm_list or None, ladder=ladder, non_private=non_private,
@@ -54,6 +61,13 @@ def protocol_cmd(
     typer.echo(f"{plan.out_dir}: {len(plan.runs)} runs; n={b.n}, m={b.m:g}, sigma={b.sigma:.6g}, "
                f"T={b.T}, epsilon={b.pld_epsilon:.4g} at delta={b.delta:.3g}", err=True)
     result = run_protocol(plan, progress=lambda message: typer.echo(message, err=True))
+    if as_json:
+        typer.echo(json.dumps({
+            "out": str(plan.out_dir), "epsilon": result.epsilon,
+            "accuracy": {name: s["accuracy"] for name, s in result.summaries.items()},
+            "n": {name: s["n"] for name, s in result.summaries.items()},
+            "report": [str(p) for p in result.report]}))
+        return
     for name, summary in result.summaries.items():
         strict = summary["accuracy"].get("strict")
         typer.echo(f"{name}: strict accuracy {strict:.4f} (n={summary['n']})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import NoReturn, Optional
@@ -12,16 +13,26 @@ import typer
 def train_cmd(
     config: Optional[Path] = typer.Argument(None, help="TOML config (default: the embedded CPU demo)."),
     overrides: list[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Run directory."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Run directory (default runs/<arm>-<time>)."),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", hidden=True,
+                                              help="Old spelling of --out."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in RUN_DIR."),
     arm: Optional[str] = typer.Option(None, "--arm", help="Shortcut for --set train.arm=..."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Shortcut for --set train.steps=..."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Shortcut for privacy.epsilon."),
     model: Optional[str] = typer.Option(None, "--model", help="Shortcut for model.name."),
-    task: Optional[str] = typer.Option(None, "--task", help="Shortcut for data.task."),
+    task: Optional[str] = typer.Option(
+        None, "--task", help="Shortcut for data.task: a task name, package.module:attr (a "
+                             "task or a factory), or an entry point of group dpgrpo.tasks."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Shortcut for data.data_dir."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Debug seed: the run is NOT releasable."),
+    metrics: Optional[str] = typer.Option(
+        None, "--metrics", help="Shortcut for train.metrics: jsonl, tensorboard, wandb "
+                                "(comma-separated); public values only."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object "
+                                                       "(implies --quiet)."),
     show_private: bool = typer.Option(
         False, "--show-private-telemetry",
         help="Also show each round's realized batch size and mean reward: private training "
@@ -40,10 +51,12 @@ def train_cmd(
         cfg = load_config(config) if config is not None else embedded_default()
         shortcuts = {"train.arm": arm, "train.steps": steps, "privacy.epsilon": epsilon,
                      "model.name": model, "data.task": task, "data.data_dir": data_dir,
-                     "privacy.seed": seed}
+                     "privacy.seed": seed, "train.metrics": metrics}
         extra = [f"{k}={v}" for k, v in shortcuts.items() if v is not None]
         cfg = apply_overrides(cfg, extra + list(overrides))
-        run_dir = output_dir or Path("runs") / f"{cfg.train.arm}-{time.strftime('%Y%m%d-%H%M%S')}"
+        _check_inputs(cfg)  # a bad task or model fails here, before any directory exists
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = out or output_dir or Path("runs") / f"{cfg.train.arm}-{stamp}"
         typer.echo(f"run directory: {run_dir}", err=True)
     total = cfg.train.steps if cfg is not None else None
     if show_private:
@@ -51,15 +64,31 @@ def train_cmd(
                    "which are computed from the private data and are NOT covered by the "
                    "privacy guarantee; do not share this output or its logs.", err=True)
     try:
-        with _progress(quiet, total) as on_round:
+        with _progress(quiet or as_json, total) as on_round:
             result = train(cfg, run_dir, resume=resume is not None, progress=on_round,
                            show_private=show_private)
     except KeyboardInterrupt:
         _interrupted(run_dir)
     cert = result.certificate
+    if as_json:
+        typer.echo(json.dumps({
+            "run_dir": str(result.run_dir), "release": str(result.release_dir),
+            "epsilon": cert.get("epsilon"), "delta": cert.get("delta"),
+            "releasable": cert.get("releasable"), "rounds": result.rounds_done,
+            "steps_skipped": result.steps_skipped}))
+        return
     status = "releasable" if cert.get("releasable") else f"NOT releasable ({cert.get('not_releasable_because')})"
     typer.echo(f"release: {result.release_dir}  (epsilon={cert.get('epsilon'):.4g}, "
                f"delta={cert.get('delta'):.3g}, {status}; {result.steps_skipped} steps skipped)")
+
+
+def _check_inputs(cfg) -> None:
+    """Resolve the task and the model name (no loading): errors name the bad value."""
+    from dpgrpo.model import resolve_model
+    from dpgrpo.tasks import get_task
+
+    get_task(cfg.data.task)
+    resolve_model(cfg.model.name)
 
 
 def _interrupted(run_dir: Path) -> NoReturn:

@@ -10,18 +10,37 @@ import typer
 
 
 def verify_cmd(
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the machine-readable record here."),
+    legacy_path: Optional[Path] = typer.Argument(None, hidden=True,
+                                                 help="Old spelling: --json FILE."),
     group: str = typer.Option("all", "--group", help="mechanism, model or all."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Write the machine-readable record to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the record as one JSON object."),
 ) -> None:
     """Run the mechanism-verification checks (Appendix B); exit non-zero if any fails."""
-    from rich.console import Console
-    from rich.table import Table
-
     from dpgrpo import __version__
     from dpgrpo.verify import run_checks
 
     groups = ("mechanism", "model") if group == "all" else (group,)
     results = run_checks(groups)
+    record = {"dpgrpo_version": __version__, "checks": [r.to_dict() for r in results],
+              "passed": bool(results) and all(r.passed for r in results)}
+    for path in (out, legacy_path):  # `--json FILE` (old spelling) still writes FILE
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record, indent=2))
+    if as_json:
+        typer.echo(json.dumps(record))
+    else:
+        _print_table(results)
+    if not record["passed"]:
+        raise typer.Exit(1)
+
+
+def _print_table(results: list) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title="dpgrpo verify")
     for col in ("check", "group", "measured", "tolerance", "passed"):
         table.add_column(col)
@@ -29,13 +48,6 @@ def verify_cmd(
         table.add_row(r.check, r.group, f"{r.measured:.3g}", f"{r.comparison} {r.tolerance:.3g}",
                       "[green]pass[/green]" if r.passed else "[red]FAIL[/red]")
     Console().print(table)
-    if json_path is not None:
-        record = {"dpgrpo_version": __version__, "checks": [r.to_dict() for r in results],
-                  "passed": all(r.passed for r in results)}
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(record, indent=2))
-    if not results or not all(r.passed for r in results):
-        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -51,7 +51,7 @@ class EvalSettings:
     batch_size: int = 8
     max_new_tokens: int | None = None  # default: the task's completion cap (Table I)
     dtype: str = "float32"
-    device: str = "cpu"
+    device: str = "auto"  # a GPU when there is one (run_setup.resolve_device)
     arm: str | None = None
     seed: int | None = None
     skip_invalid: bool = False
@@ -68,9 +68,12 @@ class EvalSettings:
 
 
 def load_model(model: str, adapter: Path | None, *, dtype: str, device: str) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: the frozen base model, or base + a saved adapter."""
+    """``(model, tokenizer)``: the frozen base model, or base + a saved adapter; ``device``
+    ``auto`` is a GPU when there is one."""
     from dpgrpo import model as models
+    from dpgrpo.run_setup import resolve_device
 
+    device = str(resolve_device(device))
     if adapter is not None:
         policy = models.load_adapter(model, adapter, dtype=dtype, device=device)
         return policy.model, policy.tokenizer
@@ -100,7 +103,7 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
     task = get_task(settings.task, check_timeout_s=settings.check_timeout_s)
     problems = load_problems(task, settings.split, settings.data_dir,  # logs what it skips
                              skip_invalid=settings.skip_invalid, source=settings.source)
-    split_ids = {p.id for p in problems}
+    split_ids = {p.id: i for i, p in enumerate(problems)}  # id -> doc_id (split order)
     problems = problems[:settings.limit] if settings.limit else problems
     cap = settings.max_new_tokens or task.default_max_new_tokens
     identity = {"task": task.name, "model": settings.model,
@@ -111,7 +114,7 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
     _check_same_run(out_dir, identity)
     pred_path = out_dir / PREDICTIONS_FILE
     done = {p.id: p for p in read_predictions(pred_path, repair_tail=True)}
-    unknown = set(done) - split_ids
+    unknown = set(done) - set(split_ids)
     if unknown:
         raise ConfigError(f"{pred_path} has ids outside the {task.name} {settings.split} split "
                           f"(e.g. {sorted(unknown)[0]!r}); use a new --out folder")
@@ -137,7 +140,8 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
             rollout = generate(model, tokenizer, [task.prompt(p) for p in batch], group_size=1,
                                temperature=0.0, max_new_tokens=cap,
                                generator=torch.Generator().manual_seed(0))
-            finished = [_prediction(task, problem, texts[0], int(n), bool(capped))
+            finished = [_prediction(task, problem, texts[0], int(n), bool(capped),
+                                    doc_id=split_ids[problem.id])
                         for problem, texts, n, capped in zip(
                             batch, rollout.texts, rollout.completion_lengths.tolist(),
                             rollout.hit_cap.tolist())]
@@ -150,6 +154,9 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
 
 
 def _prediction(task: Any, problem: Problem, response: str, n_tokens: int,
-                hit_cap: bool) -> Prediction:
+                hit_cap: bool, doc_id: int | None = None) -> Prediction:
+    """One row, with the public evaluation problem's prompt and gold answer (lm-eval's
+    ``doc_id`` / ``arguments`` / ``target``)."""
     scores = score_response(task, problem, response, hit_cap=hit_cap)
-    return Prediction(problem.id, response, n_tokens, hit_cap, scores)
+    return Prediction(problem.id, response, n_tokens, hit_cap, scores, doc_id=doc_id,
+                      prompt=task.prompt(problem), target=problem.answer)

@@ -2,8 +2,13 @@
 
 ``predictions.jsonl`` holds one JSON object per problem::
 
-    {"id", "response", "n_tokens", "hit_cap",
+    {"id", "doc_id", "prompt", "target", "response", "n_tokens", "hit_cap",
      "scores": {"<scorer>": {"extracted", "correct", "timed_out"}}}
+
+close to lm-eval's per-sample output: ``doc_id`` (position in the split), ``prompt`` (the user
+message before the chat template; lm-eval's ``arguments``), ``target`` (the gold answer: the
+evaluation sets are public), ``response`` (lm-eval's ``resps``), ``scores[scorer].extracted``
+(``filtered_resps``). Files written before those fields existed still read (they are None).
 
 ``summary.json`` aggregates them (:func:`summarize`). Scoring reads only the saved response,
 so any scorer can be re-run on saved predictions without generating (:func:`rescore`).
@@ -38,9 +43,14 @@ class Prediction:
     n_tokens: int
     hit_cap: bool
     scores: Mapping[str, Verdict]
+    doc_id: int | None = None      # position in the split
+    prompt: str | None = None      # the user message (chat template applied at generation)
+    target: str | None = None      # the gold answer
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "response": self.response, "n_tokens": self.n_tokens,
+        extra = {key: getattr(self, key) for key in ("doc_id", "prompt", "target")
+                 if getattr(self, key) is not None}
+        return {"id": self.id, **extra, "response": self.response, "n_tokens": self.n_tokens,
                 "hit_cap": self.hit_cap,
                 "scores": {name: {"extracted": v.extracted, "correct": v.correct,
                                   "timed_out": v.timed_out} for name, v in self.scores.items()}}
@@ -64,7 +74,11 @@ class Prediction:
                 raise bad("expected {extracted, correct, timed_out}", f"scores.{name}")
             scores[name] = Verdict(score["correct"], score.get("extracted"),
                                    bool(score.get("timed_out", False)))
-        return cls(obj["id"], obj["response"], obj["n_tokens"], obj["hit_cap"], scores)
+        for key, kind in (("doc_id", int), ("prompt", str), ("target", str)):
+            if obj.get(key) is not None and not isinstance(obj[key], kind):
+                raise bad(f"expected {kind.__name__}", key)
+        return cls(obj["id"], obj["response"], obj["n_tokens"], obj["hit_cap"], scores,
+                   doc_id=obj.get("doc_id"), prompt=obj.get("prompt"), target=obj.get("target"))
 
 
 def score_response(task: VerifiedTask, problem: Problem, response: str, *,

@@ -54,8 +54,11 @@ def count_slots(config: RunConfig) -> int:
     from dpgrpo.privacy.sampling import public_slot_count
     from dpgrpo.tasks import get_task, load_split
 
+    from dpgrpo.tasks.custom import check_public_n
+
     data = config.data
     task = get_task(data.task)
+    check_public_n(task, data.n_slots, data.limit)
     loaded = load_split(task, data.split, data.data_dir, source=data.source,
                         skip_invalid=data.skip_invalid)
     problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems

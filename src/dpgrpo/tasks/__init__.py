@@ -6,7 +6,9 @@ Example::
     problems = load_problems("arithmetic", "eval")
     reward = task.reward("... The answer is 42.", problems[0])  # 1.0 or 0.0
 
-Tasks: ``arithmetic`` (embedded default, no files), ``gsm8k``, ``math``, ``csqa``, ``svamp``.
+Tasks: ``arithmetic`` (embedded default, no files), ``gsm8k``, ``math``, ``csqa``, ``svamp``;
+your own problems and reward functions with :func:`make_task`; ``package.module:attr`` or an
+entry point of group ``dpgrpo.tasks`` names a task defined elsewhere (:func:`get_task`).
 File-backed tasks read the layout of the shared data folder (``--data-dir``), or the same
 benchmarks from the Hugging Face hub with ``source="hub"`` (needs ``datasets``).
 """
@@ -23,6 +25,7 @@ from dpgrpo.tasks import hendrycks_math as _math  # noqa: F401
 from dpgrpo.tasks import svamp as _svamp  # noqa: F401
 from dpgrpo.tasks import verifiers as _verifiers  # noqa: F401  (registers the scorers)
 from dpgrpo.tasks.arithmetic import generate_problems, make_arithmetic_task
+from dpgrpo.tasks.custom import RewardFn, RewardTask, make_task
 from dpgrpo.tasks.base import (
     DEFAULT_CHECK_TIMEOUT_S,
     SCORERS,
@@ -40,8 +43,8 @@ from dpgrpo.tasks.base import (
 )
 
 __all__ = [
-    "DEFAULT_CHECK_TIMEOUT_S", "SCORERS", "LoadedSplit", "Problem", "Scorer", "Task", "Verdict",
-    "VerifiedTask", "generate_problems", "get_scorer", "get_task", "load_problems", "load_split",
+    "DEFAULT_CHECK_TIMEOUT_S", "SCORERS", "LoadedSplit", "Problem", "RewardFn", "RewardTask",
+    "Scorer", "Task", "Verdict", "VerifiedTask", "generate_problems", "make_task", "get_scorer", "get_task", "load_problems", "load_split",
     "make_arithmetic_task", "register_scorer", "register_task", "split_summary", "task_names",
 ]
 

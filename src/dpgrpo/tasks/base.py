@@ -181,25 +181,64 @@ class VerifiedTask:
 _TASKS: dict[str, VerifiedTask] = {}
 
 
-def register_task(task: VerifiedTask) -> VerifiedTask:
-    """Make ``task`` available to :func:`get_task` under ``task.name``."""
-    if task.name in _TASKS:
+def register_task(task: VerifiedTask, *, replace: bool = False) -> VerifiedTask:
+    """Make ``task`` available to :func:`get_task` under ``task.name``.
+
+    ``replace`` lets a task built from your problems (``dpgrpo.make_task``) take over the name
+    of an earlier one of its kind; a built-in task is never replaced.
+    """
+    old = _TASKS.get(task.name)
+    if old is not None and not (replace and getattr(old, "requires_public_n", False)):
         raise ValueError(f"task {task.name!r} is already registered")
     _TASKS[task.name] = task
     return task
 
 
 def get_task(name: str, *, check_timeout_s: float | None = None) -> VerifiedTask:
-    """The registered task called ``name`` (optionally with another check timeout)."""
-    try:
-        task = _TASKS[name]
-    except KeyError:
-        raise ConfigError(f"unknown task {name!r}; known: {', '.join(task_names())}") from None
+    """The task called ``name`` (optionally with another check timeout).
+
+    Besides the registered names, ``name`` may be ``package.module:attr`` or the name of an
+    entry point in the group ``dpgrpo.tasks``; either resolves to a :class:`VerifiedTask` (e.g.
+    from ``dpgrpo.make_task``) or to a factory, called without arguments, that returns one. The
+    task is registered under ``name``, so runs, predictions and resumes name it the same way.
+    """
+    task = _TASKS.get(name) or _load_external(name)
     if check_timeout_s is not None:
         from dataclasses import replace
 
         task = replace(task, check_timeout_s=check_timeout_s)
     return task
+
+
+def _load_external(name: str) -> VerifiedTask:
+    """Import ``package.module:attr`` or load the ``dpgrpo.tasks`` entry point ``name``."""
+    import importlib
+    import importlib.metadata
+    from dataclasses import replace
+
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            obj: object = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise ConfigError(f"task {name!r}: cannot load {attr!r} from module "
+                              f"{module_name!r} ({err})") from None
+    else:
+        found = importlib.metadata.entry_points(group="dpgrpo.tasks", name=name)
+        if not found:
+            raise ConfigError(f"unknown task {name!r}; known: {', '.join(task_names())} (or "
+                              "package.module:attr, or an entry point of group dpgrpo.tasks)")
+        obj = next(iter(found)).load()
+    if not isinstance(obj, VerifiedTask) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, VerifiedTask):
+        raise ConfigError(f"task {name!r} resolved to a {type(obj).__name__}: expected a "
+                          "dpgrpo.tasks.VerifiedTask (e.g. from dpgrpo.make_task) or a factory "
+                          "returning one")
+    _TASKS[name] = replace(obj, name=name)
+    return _TASKS[name]
 
 
 def task_names() -> list[str]:

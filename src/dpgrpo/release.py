@@ -1,0 +1,122 @@
+"""Reading and publishing a run's release/ (light: no torch at import).
+
+``release/dpgrpo_config.json`` holds dpgrpo's resolved public configuration. Releases written
+before 0.2 named it ``config.json``, which made ``AutoModelForCausalLM.from_pretrained(release)``
+mistake it for a model config; :func:`read_release_config` still reads them.
+
+:func:`push_release` uploads release/ (never recovery/) to the Hugging Face hub.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dpgrpo.errors import ConfigError, DataError, ReleaseError
+
+RELEASE_CONFIG = "dpgrpo_config.json"
+LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
+#: Everything release/ may hold (checkpoint.write_release refuses anything else).
+RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", RELEASE_CONFIG,
+                           "certificate.json", "README.md"})
+
+
+def release_dir_of(path: str | Path) -> Path:
+    """``path/release`` for a run directory, else ``path`` itself (a release directory)."""
+    path = Path(path)
+    return path / "release" if (path / "release").is_dir() else path
+
+
+def release_config_path(release_dir: str | Path) -> Path:
+    """Where a release keeps dpgrpo's config: the current name, or an old release's
+    ``config.json`` when only that exists (and is not a model's config)."""
+    release_dir = Path(release_dir)
+    current, legacy = release_dir / RELEASE_CONFIG, release_dir / LEGACY_RELEASE_CONFIG
+    if not current.exists() and legacy.exists():
+        try:
+            data = json.loads(legacy.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return legacy  # damaged: let the reader name it
+        if isinstance(data, dict) and "model_type" not in data:
+            return legacy
+    return current
+
+
+def read_release_config(release_dir: str | Path) -> dict[str, Any]:
+    """The public config of a release (:data:`RELEASE_CONFIG`, or an old ``config.json``)."""
+    path = release_config_path(release_dir)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"not a dpgrpo release (no {RELEASE_CONFIG})", path=str(path)) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"unreadable release config ({err})", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise DataError("expected a JSON object", path=str(path))
+    return data
+
+
+def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
+    """What ``dpgrpo eval --run`` takes from a training run: model, task, adapter, arm,
+    data_dir, source, dtype and device of its public release config."""
+    release = Path(run_dir) / "release"
+    config = read_release_config(release)
+    try:
+        model, data, train = config["model"], config["data"], config["train"]
+        return {"model": model["name"], "task": data["task"], "adapter": release,
+                "arm": train["arm"], "data_dir": data.get("data_dir"),
+                "source": data.get("source", "local"), "dtype": model.get("dtype", "float32"),
+                "device": model.get("device", "auto")}
+    except (KeyError, TypeError) as err:
+        raise DataError(f"unreadable release config (missing {err})",
+                        path=str(release_config_path(release))) from None
+
+
+def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, Any]:
+    """The certificate of a release that may be published; refuses recovery/ and anything that
+    is not a complete release, and a certificate that says not releasable unless ``force``."""
+    if release_dir.name == "recovery" or (release_dir / "journal.jsonl").exists():
+        raise ReleaseError(f"{release_dir} is a recovery folder: it holds the hidden randomness "
+                           "and private training data; only release/ may be published")
+    stray = sorted(p.name for p in release_dir.iterdir() if p.name not in RELEASE_FILES)
+    if stray:
+        raise ReleaseError(f"{release_dir} holds files a release may not hold: {stray}")
+    for name in ("adapter_model.safetensors", "adapter_config.json", "certificate.json"):
+        if not (release_dir / name).is_file():
+            raise ReleaseError(f"{release_dir} is not a complete release (no {name})")
+    cert = json.loads((release_dir / "certificate.json").read_text(encoding="utf-8"))
+    if not cert.get("releasable") and not force:
+        raise ReleaseError(f"{release_dir}: the certificate says NOT releasable "
+                           f"({cert.get('not_releasable_because', 'no reason given')}); "
+                           "pass --force to publish it anyway")
+    return cert
+
+
+def push_release(path: str | Path, repo_id: str, *, private: bool = False, force: bool = False,
+                 revision: str | None = None, token: str | None = None,
+                 message: str | None = None) -> str:
+    """Upload a run's release/ (only the allow-listed release files) to the hub model repo
+    ``repo_id`` with huggingface_hub; return the commit URL."""
+    try:
+        from huggingface_hub import HfApi
+    except ImportError:
+        raise ConfigError("dpgrpo push needs huggingface_hub: "
+                          "pip install huggingface_hub") from None
+    release = release_dir_of(path)
+    if not release.is_dir():
+        raise ConfigError(f"{release} is not a directory")
+    cert = check_publishable(release, force=force)
+    api = HfApi(token=token)
+    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    eps = cert.get("epsilon")
+    commit = api.upload_folder(
+        folder_path=str(release), repo_id=repo_id, repo_type="model", revision=revision,
+        allow_patterns=sorted(RELEASE_FILES),
+        commit_message=message or f"dpgrpo release (epsilon={eps}, delta={cert.get('delta')})")
+    return str(getattr(commit, "commit_url", commit))
+
+
+__all__ = ["LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_FILES", "check_publishable",
+           "eval_defaults", "push_release", "read_release_config", "release_config_path",
+           "release_dir_of"]

@@ -1,0 +1,73 @@
+"""One CLI grammar: config positional, -o/--out for outputs, --json prints one JSON object;
+old spellings still work but are hidden; bad inputs fail before a run directory exists."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from typer.testing import CliRunner
+
+from dpgrpo import __version__
+from dpgrpo.cli import app
+
+
+def _options(path: list[str]) -> dict[str, bool]:
+    """Every option string of a command -> whether it is hidden."""
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return {opt: p.hidden for p in cmd.params for opt in getattr(p, "opts", [])
+            if opt.startswith("-")}
+
+
+def test_version():
+    out = CliRunner().invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.stdout.strip() == f"dpgrpo {__version__}"
+
+
+def test_output_and_json_flags_agree_across_commands():
+    for path in (["train"], ["eval"], ["compare"], ["protocol"], ["study"], ["audit", "mia"],
+                 ["audit", "canary"], ["verify"]):
+        opts = _options(path)
+        assert opts.get("-o") is False and opts.get("--out") is False, path
+    for path in (["train"], ["eval"], ["compare"], ["protocol"], ["verify"], ["push"],
+                 ["rescore"], ["score"], ["data", "summary"], ["privacy", "epsilon"]):
+        assert _options(path).get("--json") is False, path
+    assert _options(["train"])["--output-dir"] is True  # old spellings: hidden aliases
+    assert _options(["protocol"])["--config"] is True
+    help_text = CliRunner().invoke(app, ["train", "--help"]).stdout
+    assert "--output-dir" not in help_text and "--out" in help_text
+
+
+def test_verify_json_prints_and_old_file_spelling_writes(tmp_path, monkeypatch):
+    from dpgrpo import verify
+
+    class Check:
+        check, group, measured, comparison, tolerance, passed = "c", "mechanism", 1.0, "<=", 2.0, True
+
+        def to_dict(self):
+            return {"check": "c", "passed": True}
+
+    monkeypatch.setattr(verify, "run_checks", lambda groups: [Check()])
+    new = CliRunner().invoke(app, ["verify", "--json", "-o", str(tmp_path / "a.json")])
+    assert new.exit_code == 0 and json.loads(new.stdout)["passed"] is True
+    assert json.loads((tmp_path / "a.json").read_text())["checks"] == [{"check": "c", "passed": True}]
+    old = CliRunner().invoke(app, ["verify", "--json", str(tmp_path / "b.json")])
+    assert old.exit_code == 0 and json.loads((tmp_path / "b.json").read_text())["passed"]
+
+
+def test_bad_task_or_model_fails_before_the_run_directory(tmp_path):
+    run = tmp_path / "x" / "run"
+    bad_task = CliRunner().invoke(app, ["train", "--task", "nope", "-o", str(run), "--quiet"])
+    assert "unknown task 'nope'" in str(bad_task.exception)
+    assert "run directory" not in bad_task.output and not (tmp_path / "x").exists()
+    bad_model = CliRunner().invoke(app, ["train", "--model", str(tmp_path / "missing.gguf"),
+                                         "-o", str(run), "--quiet"])
+    assert "GGUF file not found" in str(bad_model.exception) and not (tmp_path / "x").exists()
+
+
+def test_eval_source_option_reaches_the_loader(tmp_path):
+    out = CliRunner().invoke(app, ["eval", "--task", "arithmetic", "--model", "unused",
+                                   "--source", "hub", "-o", str(tmp_path / "e")])
+    assert "source must be 'local'" in str(out.exception)  # the arithmetic task is offline
