@@ -25,6 +25,7 @@ def test_toml_round_trip_and_typed_overrides(tmp_path):
     ("train.arm=dp-sgd", "train.arm"),
     ("privacy.clip_norm=0", "clip_norm"),
     ("model.dtype=int8", "model.dtype"),
+    ("train.rollout_engine=llama.cpp", "train.rollout_engine"),
     ("steps=3", "section.key=value"),
 ])
 def test_bad_overrides_name_the_key(override, needle):

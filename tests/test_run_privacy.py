@@ -34,7 +34,7 @@ CERTIFICATE_KEYS = {
 }
 NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2", "A3", "A4",
                "relation", "group", "method", "basis", "meaningful", "gradients", "rollouts",
-               "rollout_mode", "verifier"}
+               "rollout_mode", "rollout_engine", "verifier"}
 
 
 def tiny_config(model_dir, *extra: str) -> RunConfig:
@@ -124,9 +124,9 @@ def test_progress_shows_public_values_only_by_default(canary_run):
 def test_a_round_is_charged_before_its_rollouts(tiny_model_dir, tmp_path, monkeypatch):
     """An exception inside round 2's rollouts: round 2 is in the journal; the resume replays it
     and the certificate charges it twice."""
-    import dpgrpo.arms as arms
+    from dpgrpo.rollout.transformers_engine import TransformersEngine
 
-    real, calls = arms.generate, []
+    real, calls = TransformersEngine.generate, []
 
     def crash_on_second(*args, **kwargs):
         calls.append(1)
@@ -134,7 +134,7 @@ def test_a_round_is_charged_before_its_rollouts(tiny_model_dir, tmp_path, monkey
             raise RuntimeError("injected: out of memory during rollouts")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(arms, "generate", crash_on_second)
+    monkeypatch.setattr(TransformersEngine, "generate", crash_on_second)
     cfg = tiny_config(tiny_model_dir, "data.limit=6", "privacy.expected_batch=6")  # q = 1
     with pytest.raises(RuntimeError, match="injected"):
         train(cfg, tmp_path / "run")
@@ -171,6 +171,38 @@ def test_a_large_noise_tail_term_is_refused_before_any_round(tiny_model_dir, tmp
     monkeypatch.setattr("dpgrpo.run_setup.noise_tail_delta", lambda d, t, eps: 1.0)
     with pytest.raises(PrivacyError, match="1%"):
         train(tiny_config(tiny_model_dir), tmp_path / "run")
+    assert not (tmp_path / "run" / "recovery" / "journal.jsonl").exists()
+
+
+def test_rollout_isolation_reaches_the_engine_and_the_certificate(tiny_model_dir, tmp_path,
+                                                                   monkeypatch):
+    """train.rollout_isolation = "isolated": every rollout call of the run is isolated, with
+    training's bounded rows, and the certificate states the engine and the mode that ran."""
+    from dpgrpo.rollout.transformers_engine import ISOLATED, TransformersEngine
+
+    real, seen = TransformersEngine.generate, []
+
+    def spy(self, *args, **kwargs):
+        seen.append((self.isolated, self.rows_per_call))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformersEngine, "generate", spy)
+    cfg = tiny_config(tiny_model_dir, "train.rollout_isolation=isolated")
+    cert = train(cfg, tmp_path / "run").certificate
+    assert seen and all(iso and rows == cfg.train.rollout_rows(4) for iso, rows in seen)
+    assert cert["record_isolation"]["rollouts"] == ISOLATED
+    assert (cert["record_isolation"]["rollout_mode"],
+            cert["record_isolation"]["rollout_engine"]) == ("isolated", "transformers")
+
+
+def test_vllm_rollouts_are_refused_on_cpu_before_any_round(tiny_model_dir, tmp_path,
+                                                           monkeypatch):
+    from dpgrpo.errors import ConfigError
+    from dpgrpo.rollout import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)
+    with pytest.raises(ConfigError, match="CUDA"):
+        train(tiny_config(tiny_model_dir, "train.rollout_engine=vllm"), tmp_path / "run")
     assert not (tmp_path / "run" / "recovery" / "journal.jsonl").exists()
 
 

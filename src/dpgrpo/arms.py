@@ -22,7 +22,7 @@ from dpgrpo.objectives import TrainBatch
 from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, compute_advantages
 from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_gold_sft_batch
-from dpgrpo.rollout import generate
+from dpgrpo.rollout import RolloutEngine, make_engine
 
 ADVANTAGE_MODE = {"dp-grpo": "group", "non-private": "group", "zero-advantage": "zero",
                   "shuffled-reward": "shuffled", "positive-only": "positive"}
@@ -34,6 +34,19 @@ class Arm:
     objective: Any
     run: Any
     laps: Laps = field(default_factory=Laps)  # public wall-clock per phase (dpgrpo.metrics)
+    _engine: RolloutEngine | None = field(default=None, repr=False)
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """The run's rollout engine (``train.rollout_engine``), built on first use."""
+        if self._engine is None:
+            cfg = self.run.config
+            self._engine = make_engine(
+                cfg.train.rollout_engine, self.run.model, self.run.policy.tokenizer,
+                isolated=cfg.train.rollout_isolation == "isolated",
+                rows_per_call=cfg.train.rollout_rows(self.cap), model_name=cfg.model.name,
+                dtype=cfg.model.dtype)
+        return self._engine
 
     @property
     def cap(self) -> int:
@@ -60,16 +73,11 @@ class Arm:
 
     def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator, *,
                   base: bool) -> tuple[Any, torch.Tensor]:
-        cfg, run, cap = self.run.config.train, self.run, self.cap
+        cfg, cap = self.run.config.train, self.cap
         messages = [task.prompt(problem) for task, problem in records]
-        kwargs = dict(group_size=cfg.group_size, temperature=cfg.temperature, max_new_tokens=cap,
-                      generator=generator, batch_size=cfg.rollout_rows(cap),
-                      isolated=cfg.rollout_isolation == "isolated")
-        if base:  # filtered SFT samples from the public base policy
-            with run.model.disable_adapter():
-                rollouts = generate(run.model, run.policy.tokenizer, messages, **kwargs)
-        else:
-            rollouts = generate(run.model, run.policy.tokenizer, messages, **kwargs)
+        rollouts = self.engine.generate(  # filtered SFT samples from the public base policy
+            messages, group_size=cfg.group_size, temperature=cfg.temperature,
+            max_new_tokens=cap, generator=generator, use_adapter=not base)
         rewards = torch.tensor([[task.reward(text, problem) for text in texts]
                                 for (task, problem), texts in zip(records, rollouts.texts)],
                                dtype=torch.float32).reshape(len(records), cfg.group_size)

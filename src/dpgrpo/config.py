@@ -126,6 +126,7 @@ class TrainConfig:
     # depends on the data, and results depend on it only through summation order.
     max_tokens_per_pass: int = 512
     rollout_isolation: str = "batched"  # or "isolated": one generate call per prompt
+    rollout_engine: str = "transformers"  # or "vllm" (GPU; pip install 'dpgrpo[vllm]')
     # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
     # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
     bound_memory: bool = True
@@ -177,6 +178,9 @@ class TrainConfig:
         if self.rollout_isolation not in ("batched", "isolated"):
             raise ConfigError("train.rollout_isolation must be 'batched' or 'isolated', "
                               f"not {self.rollout_isolation!r}")
+        if self.rollout_engine not in ("transformers", "vllm"):
+            raise ConfigError("train.rollout_engine must be 'transformers' or 'vllm', "
+                              f"not {self.rollout_engine!r}")
 
 
 @dataclass(frozen=True)

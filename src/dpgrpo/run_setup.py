@@ -225,6 +225,10 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
                               f"m = {p.expected_batch}, T = {steps}: {err}") from None
         clip = p.clip_norm
     device = device_for(ctx, resolve_device(config.model.device))
+    if config.train.rollout_engine == "vllm":  # refuse before any round, not at the first one
+        from dpgrpo.rollout.vllm_engine import require_vllm
+
+        require_vllm(str(device))
     seed = p.seed
     # torch's global generator drives LoRA's A initialization and dropout masks. Its built-in
     # default seed is a public constant, so unseeded runs reseed it from OS entropy (A3); all
@@ -259,22 +263,17 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
                     coordinates=coordinates, _rollout_gen=rollout_gen)
 
 
-def record_isolation(rollout_mode: str) -> dict[str, str]:
+def record_isolation(rollout_mode: str, engine: str = "transformers") -> dict[str, str]:
     """What the run did about assumption A2's execution gaps (stated in the certificate)."""
-    rollouts = (
-        "isolated: each prompt's G completions were generated in calls holding that prompt "
-        "alone, unpadded, with its own seed, so they do not depend on which prompts shared "
-        "the round" if rollout_mode == "isolated" else
-        "batched: completions of several prompts were generated in shared, padded calls; "
-        "floating-point kernels are not batch-invariant, so a prompt's completions can depend "
-        "on its batch-mates in the last bits (the paper's A2 gap, not quantified; set "
-        "train.rollout_isolation = 'isolated' to remove it)")
+    from dpgrpo.rollout.engine import isolation_statement
+
     return {
         "gradients": "exact: every pass holds rows of one prompt on that prompt's own columns, "
                      "so its gradient and reference log-probs are bit-identical whatever its "
                      "batch-mates (dpgrpo verify: batchmate_isolation)",
-        "rollouts": rollouts,
+        "rollouts": isolation_statement(engine, rollout_mode),
         "rollout_mode": rollout_mode,
+        "rollout_engine": engine,
         "verifier": "the verifier's wall-clock limit can couple a reward to machine load",
     }
 
@@ -301,7 +300,8 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "noise_generator": GENERATOR, "trainable_coordinates": run.coordinates,
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
-        "record_isolation": record_isolation(cfg.train.rollout_isolation),
+        "record_isolation": record_isolation(cfg.train.rollout_isolation,
+                                             cfg.train.rollout_engine),
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
         "shared_budget": ("every arm (dp-grpo, zero-advantage, ladder, filtered-sft, gold-sft) run "
                           f"with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "

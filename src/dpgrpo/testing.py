@@ -160,7 +160,7 @@ def rollouts_from_specs(tok, specs):
     padded to the batch's widths exactly as :func:`dpgrpo.rollout.generate` pads them."""
     import torch
 
-    from dpgrpo.rollout.generate import _assemble
+    from dpgrpo.rollout.batch import assemble
 
     group = len(specs[0][1])
     texts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
@@ -172,9 +172,9 @@ def rollouts_from_specs(tok, specs):
     for i, (_, comps) in enumerate(specs):
         for r, c in enumerate(comps):
             gen[i * group + r, :len(c)] = torch.tensor(c)
-    return _assemble(tok, enc["input_ids"].repeat_interleave(group, 0),
-                     enc["attention_mask"].repeat_interleave(group, 0), gen,
-                     [tok.eos_token_id], tok.pad_token_id, group, len(specs), width)
+    return assemble(tok, enc["input_ids"].repeat_interleave(group, 0),
+                    enc["attention_mask"].repeat_interleave(group, 0), gen,
+                    [tok.eos_token_id], tok.pad_token_id, group, len(specs), width)
 
 
 def random_specs(tok, seed: int, num_prompts: int, group: int = 3, *, long: bool = False):

@@ -31,37 +31,11 @@ def _eos_bias(model, tok, bias: float):
     return model.lm_head.register_forward_hook(hook)
 
 
-def _check_consistent(ro: RolloutBatch, tok, max_new_tokens: int) -> None:
-    n = ro.num_prompts * ro.group_size
-    assert ro.input_ids.shape == ro.attention_mask.shape == ro.completion_mask.shape
-    assert ro.input_ids.shape[0] == n and ro.completion_lengths.shape == (n,)
-    assert len(ro.texts) == ro.num_prompts and all(len(t) == ro.group_size for t in ro.texts)
-    cm, am = ro.completion_mask.bool(), ro.attention_mask.bool()
-    assert not (cm & ~am).any()                                   # completion within attention
-    assert torch.equal(ro.completion_mask.sum(1), ro.completion_lengths)
-    assert (ro.completion_lengths >= 1).all() and (ro.completion_lengths <= max_new_tokens).all()
-    start = int(cm.any(0).nonzero()[0])                           # all completions start here
-    assert torch.equal(cm[:, start], torch.ones(n, dtype=torch.bool))
-    assert not cm[:, :start].any()
-    for row in range(n):
-        comp = ro.input_ids[row][cm[row]]
-        is_eos = comp == tok.eos_token_id
-        if ro.hit_cap[row]:
-            assert len(comp) == max_new_tokens and not is_eos.any()
-        else:
-            assert is_eos[-1] and not is_eos[:-1].any()           # stopped at the first EOS
-        text = ro.texts[row // ro.group_size][row % ro.group_size]
-        assert text == tok.decode(comp, skip_special_tokens=True)
-        assert "<|im_end|>" not in text
-        pos = am[row].nonzero().squeeze(1)                        # no holes in attention
-        assert int(pos[-1] - pos[0]) + 1 == len(pos)
-
-
-def test_shapes_masks_and_prompt_major_order(model, tok):
+def test_shapes_masks_and_prompt_major_order(model, tok, check_rollouts):
     ro = generate(model, tok, MSGS, group_size=3, temperature=1.0, max_new_tokens=8,
                   generator=torch.Generator().manual_seed(0))
     assert ro.num_prompts == 2 and ro.group_size == 3 and ro.num_rows == 6
-    _check_consistent(ro, tok, 8)
+    check_rollouts(ro, tok, 8)
     prompts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
                                        add_generation_prompt=True) for m in MSGS]
     prompt_part = ro.attention_mask.bool() & ~ro.completion_mask.bool()
@@ -69,19 +43,19 @@ def test_shapes_masks_and_prompt_major_order(model, tok):
         assert tok.decode(ro.input_ids[row][prompt_part[row]]) == prompts[row // 3]
 
 
-def test_eos_stops_and_cap_flags(model, tok):
+def test_eos_stops_and_cap_flags(model, tok, check_rollouts):
     handle = _eos_bias(model, tok, 4.0)
     try:
         ro = generate(model, tok, MSGS, group_size=8, temperature=1.0, max_new_tokens=5,
                       generator=torch.Generator().manual_seed(1))
     finally:
         handle.remove()
-    _check_consistent(ro, tok, 5)
+    check_rollouts(ro, tok, 5)
     assert ro.hit_cap.any() and (~ro.hit_cap).any()
     assert (ro.completion_lengths[~ro.hit_cap] < 5).any()         # some stopped early
 
 
-def test_greedy_eos_first_token_and_no_eos(model, tok):
+def test_greedy_eos_first_token_and_no_eos(model, tok, check_rollouts):
     handle = _eos_bias(model, tok, 100.0)
     try:
         ro = generate(model, tok, MSGS, group_size=2, temperature=0.0, max_new_tokens=6)
@@ -94,7 +68,7 @@ def test_greedy_eos_first_token_and_no_eos(model, tok):
         ro = generate(model, tok, MSGS, group_size=2, temperature=0.0, max_new_tokens=6)
     finally:
         handle.remove()
-    _check_consistent(ro, tok, 6)
+    check_rollouts(ro, tok, 6)
     assert ro.hit_cap.all() and (ro.completion_lengths == 6).all()
     assert ro.texts[0][0] == ro.texts[0][1]                        # greedy: identical
 
@@ -113,10 +87,10 @@ def test_randomness_only_from_the_generator(model, tok):
     assert len({t for g in a.texts for t in g}) > 1              # samples differ in a group
 
 
-def test_batch_size_chunks(model, tok):
+def test_batch_size_chunks(model, tok, check_rollouts):
     ro = generate(model, tok, MSGS, group_size=3, temperature=1.0, max_new_tokens=5,
                   generator=torch.Generator().manual_seed(0), batch_size=3)
-    _check_consistent(ro, tok, 5)
+    check_rollouts(ro, tok, 5)
     assert ro.num_rows == 6
 
 

@@ -5,7 +5,7 @@ samples N responses (default 8, temperature 0.5) from the fine-tuned policy and 
 rewards each with the task's public verifier, and scores the fine-tuned samples under both
 models. The fine-tuned policy is the released LoRA adapter on the public base; the base is the
 same :class:`peft.PeftModel` inside ``model.disable_adapter()``. Sampling goes through
-:func:`dpgrpo.rollout.generate`, whose only randomness is the ``torch.Generator`` passed in.
+:class:`dpgrpo.rollout.RolloutEngine`, whose only randomness is the ``torch.Generator`` passed in.
 
 By default the attack samples from the full tempered distribution, the same sampler as
 training; :data:`DIBA_SAMPLING` (``--diba-sampling``) adds the paper's top-p 0.9 and repetition
@@ -127,14 +127,17 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
 
 def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
                       settings: SamplingSettings = SamplingSettings(),
-                      generator: torch.Generator | None = None) -> list[dict[str, float]]:
+                      generator: torch.Generator | None = None,
+                      engine: Any = None) -> list[dict[str, float]]:
     """The DIBA features of each problem (:func:`dpgrpo.audit.features.diba_features`).
 
     ``model`` is the fine-tuned :class:`peft.PeftModel`; the base is ``model.disable_adapter()``.
-    ``task`` supplies ``prompt``, ``reward`` and ``default_max_new_tokens``.
+    ``task`` supplies ``prompt``, ``reward`` and ``default_max_new_tokens``. ``engine`` samples
+    (default: the transformers engine over ``model``).
     """
-    from dpgrpo.rollout import generate
+    from dpgrpo.rollout import make_engine
 
+    engine = engine or make_engine("transformers", model, tokenizer)
     n = settings.n_samples
     cap = settings.max_new_tokens or int(task.default_max_new_tokens)
     rows: list[dict[str, float]] = []
@@ -143,9 +146,8 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
         kwargs = dict(group_size=n, temperature=settings.temperature, max_new_tokens=cap,
                       generator=generator, top_p=settings.top_p,
                       repetition_penalty=settings.repetition_penalty)
-        ft = generate(model, tokenizer, messages, **kwargs)
-        with model.disable_adapter():
-            base = generate(model, tokenizer, messages, **kwargs)
+        ft = engine.generate(messages, **kwargs)
+        base = engine.generate(messages, use_adapter=False, **kwargs)
         lp_ft = _completion_logprobs(model, ft, settings.score_batch_size)
         with model.disable_adapter():
             lp_base = _completion_logprobs(model, ft, settings.score_batch_size)

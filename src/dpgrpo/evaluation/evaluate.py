@@ -93,12 +93,13 @@ def _check_same_run(out_dir: Path, identity: dict[str, Any]) -> None:
 
 
 def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
-             loaded: tuple[Any, Any] | None = None) -> dict[str, Any]:
+             loaded: tuple[Any, Any] | None = None, engine: Any = None) -> dict[str, Any]:
     """Evaluate and return the summary; resumes from an existing predictions file.
 
-    ``loaded`` passes an already loaded ``(model, tokenizer)`` (tests, notebooks).
+    ``loaded`` passes an already loaded ``(model, tokenizer)`` (tests, notebooks); ``engine``
+    a ready :class:`~dpgrpo.rollout.RolloutEngine` (default: the transformers engine).
     """
-    from dpgrpo.rollout import generate
+    from dpgrpo.rollout import make_engine
 
     task = get_task(settings.task, check_timeout_s=settings.check_timeout_s)
     problems = load_problems(task, settings.split, settings.data_dir,  # logs what it skips
@@ -131,15 +132,14 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
     if progress:
         progress(len(problems) - len(todo), len(problems))
     if todo:
-        model, tokenizer = loaded or load_model(settings.model, settings.adapter,
-                                                dtype=settings.dtype, device=settings.device)
-        import torch
-
+        if engine is None:
+            model, tokenizer = loaded or load_model(settings.model, settings.adapter,
+                                                    dtype=settings.dtype, device=settings.device)
+            engine = make_engine("transformers", model, tokenizer)
         for start in range(0, len(todo), settings.batch_size):
             batch = todo[start:start + settings.batch_size]
-            rollout = generate(model, tokenizer, [task.prompt(p) for p in batch], group_size=1,
-                               temperature=0.0, max_new_tokens=cap,
-                               generator=torch.Generator().manual_seed(0))
+            rollout = engine.generate([task.prompt(p) for p in batch], group_size=1,
+                                      temperature=0.0, max_new_tokens=cap, seeds=[0] * len(batch))
             finished = [_prediction(task, problem, texts[0], int(n), bool(capped),
                                     doc_id=split_ids[problem.id])
                         for problem, texts, n, capped in zip(

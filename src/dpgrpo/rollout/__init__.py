@@ -1,5 +1,11 @@
-"""Rollouts: G completions per prompt (Algorithm 1, line 4)."""
+"""Rollouts: G completions per prompt (Algorithm 1, line 4), behind one engine interface.
 
-from dpgrpo.rollout.generate import RolloutBatch, generate
+``make_engine("transformers" | "vllm", model, tokenizer, isolated=...)`` returns a
+:class:`RolloutEngine`; :func:`generate` is the transformers engine as one function call.
+"""
 
-__all__ = ["RolloutBatch", "generate"]
+from dpgrpo.rollout.batch import RolloutBatch
+from dpgrpo.rollout.engine import ENGINES, RolloutEngine, make_engine
+from dpgrpo.rollout.generate import generate, hf_generate
+
+__all__ = ["ENGINES", "RolloutBatch", "RolloutEngine", "generate", "hf_generate", "make_engine"]

@@ -1,0 +1,107 @@
+"""The transformers rollout engine: bounded row batches over :func:`dpgrpo.rollout.decode.decode`.
+
+Prompts are tokenized once. Rows are planned into calls of at most ``rows_per_call`` rows:
+
+* ``isolated``: each call holds rows of ONE prompt (its group split if G > rows_per_call),
+  unpadded, so a prompt's completions never depend on which prompts share the round;
+* batched: whole groups are packed into calls after sorting the prompts by length, so a call
+  pads little; rows of different prompts then share forward passes (the A2 gap in floating
+  point; every prompt still has its own coins, see :mod:`dpgrpo.rollout.sampling`).
+
+Randomness comes only from the per-prompt seeds (drawn from the ``torch.Generator`` given, or
+OS entropy): the global torch RNG is neither read nor advanced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.rollout.batch import (RolloutBatch, assemble, chat_prompt_ids, empty_batch,
+                                  left_pad, stop_ids)
+from dpgrpo.rollout.decode import decode
+from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds
+from dpgrpo.rollout.sampling import SamplerSettings, row_coins
+
+ISOLATED = ("isolated: each prompt's completions were generated in calls holding that prompt "
+            "alone (prefilled once, unpadded), with its own coins, so they do not depend on "
+            "which prompts shared the round")
+BATCHED = ("batched: completions of several prompts (sorted by length) shared padded forward "
+           "passes; each prompt's sampling coins are its own, so in exact arithmetic its "
+           "completions do not depend on its batch-mates, but floating-point kernels are not "
+           "batch-invariant, so they can differ in the last bits (the paper's A2 gap, not "
+           "quantified; set train.rollout_isolation = 'isolated' to remove it)")
+
+
+def isolation_text(isolated: bool) -> str:
+    """The certificate's statement for this engine (see :data:`ISOLATED`, :data:`BATCHED`)."""
+    return ISOLATED if isolated else BATCHED
+
+
+@contextlib.contextmanager
+def _policy_mode(model: Any, use_adapter: bool) -> Iterator[None]:
+    """Eval mode (no LoRA dropout), inference mode, and the adapter on or off."""
+    if not use_adapter and not hasattr(model, "disable_adapter"):
+        raise ConfigError("use_adapter=False needs a model with a LoRA adapter (PeftModel)")
+    was_training = model.training
+    model.eval()
+    try:
+        with (model.disable_adapter() if not use_adapter else contextlib.nullcontext()), \
+                torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+class TransformersEngine:
+    """Rollouts with the model object itself: its current weights, on its device."""
+
+    name = "transformers"
+
+    def __init__(self, model: Any, tokenizer: Any, *, isolated: bool = False,
+                 rows_per_call: int | None = None) -> None:
+        check_request(1, 1, rows_per_call)
+        self.model, self.tokenizer = model, tokenizer
+        self.isolated, self.rows_per_call = isolated, rows_per_call
+
+    @property
+    def isolation(self) -> str:
+        return isolation_text(self.isolated)
+
+    def generate(self, user_messages: Sequence[str], *, group_size: int, temperature: float,
+                 max_new_tokens: int, seeds: Sequence[int] | None = None,
+                 generator: torch.Generator | None = None, use_adapter: bool = True,
+                 top_p: float = 1.0, repetition_penalty: float = 1.0) -> RolloutBatch:
+        """See :meth:`dpgrpo.rollout.engine.RolloutEngine.generate`."""
+        check_request(group_size, max_new_tokens)
+        sampler = SamplerSettings(temperature, top_p, repetition_penalty)
+        if not user_messages:
+            return empty_batch(group_size)
+        seeds = prompt_seeds(seeds, generator, len(user_messages))
+        prompts = chat_prompt_ids(self.tokenizer, user_messages)
+        coins = None if sampler.greedy else row_coins(seeds, group_size, max_new_tokens)
+        stop, pad_id = stop_ids(self.model, self.tokenizer), int(self.tokenizer.pad_token_id)
+        n_rows = len(prompts) * group_size
+        generated = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, T)
+        calls = plan_calls([len(p) for p in prompts], group_size, self.rows_per_call,
+                           self.isolated)
+        with _policy_mode(self.model, use_adapter):
+            for rows in calls:
+                owners = sorted({r // group_size for r in rows})
+                local = {p: i for i, p in enumerate(owners)}
+                generated[rows] = decode(
+                    self.model, [prompts[p] for p in owners],
+                    [local[r // group_size] for r in rows],
+                    None if coins is None else coins[rows], sampler=sampler,
+                    max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id).cpu()
+        prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+        return assemble(self.tokenizer, prompt_ids.repeat_interleave(group_size, 0),
+                        prompt_mask.repeat_interleave(group_size, 0), generated, stop, pad_id,
+                        group_size, len(prompts), max_new_tokens)
+
+
+__all__ = ["BATCHED", "ISOLATED", "TransformersEngine", "isolation_text"]

@@ -1,0 +1,238 @@
+"""The transformers engine: same completions as ``model.generate`` where both are deterministic,
+per-prompt coins, record isolation, dropping finished rows changes nothing, call planning."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.rollout import RolloutBatch, generate, hf_generate, make_engine
+from dpgrpo.rollout import decode as decode_module
+from dpgrpo.rollout.engine import isolation_statement, plan_calls
+from dpgrpo.testing import tiny_fp64_policy
+
+MSGS = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many are there now, Tom?",
+        "Add 5 and 9."]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_fp64_policy()                      # fp64 LoRA policy: ties are not an issue
+
+
+@contextlib.contextmanager
+def _stop_after(model, tok, modulus: int):
+    """EOS becomes certain right after a generated token id divisible by ``modulus``, so rows
+    stop at different, input-determined steps (the same rule for every engine)."""
+    seen = {}
+    base = model.get_base_model()
+
+    def remember(module, args):  # noqa: ANN001
+        seen["ids"] = args[0]
+
+    def force(module, args, output):  # noqa: ANN001
+        ids = seen["ids"]
+        if ids.shape[1] != 1:                       # prefill: the template's last token
+            return output
+        output = output.clone()
+        output[(ids[:, -1] % modulus == 0), -1, tok.eos_token_id] += 1e4
+        return output
+
+    handles = [base.model.embed_tokens.register_forward_pre_hook(remember),
+               base.lm_head.register_forward_hook(force)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _rows(ro: RolloutBatch, i: int) -> list[list[int]]:
+    g = ro.group_size
+    return [ids[m.bool()].tolist() for ids, m in
+            zip(ro.input_ids[i * g:(i + 1) * g], ro.attention_mask[i * g:(i + 1) * g])]
+
+
+@pytest.mark.parametrize("isolated,rows", [(False, None), (False, 4), (True, None), (True, 1)])
+def test_greedy_equals_model_generate(policy, check_rollouts, isolated, rows):
+    """Prompts of different lengths (left padding), one prefill per prompt copied to its rows,
+    the preallocated cache and row dropping reproduce ``model.generate`` token for token."""
+    model, tok = policy
+    kw = dict(group_size=2, temperature=0.0, max_new_tokens=12, batch_size=rows,
+              isolated=isolated)
+    with _stop_after(model, tok, 4):
+        new, old = generate(model, tok, MSGS, **kw), hf_generate(model, tok, MSGS, **kw)
+    check_rollouts(new, tok, 12)
+    assert torch.equal(new.input_ids, old.input_ids)
+    assert torch.equal(new.completion_mask, old.completion_mask)
+    assert new.texts == old.texts
+    assert new.hit_cap.any() and (~new.hit_cap).any()       # rows stopped at different steps
+
+
+def test_dropping_finished_rows_changes_nothing(policy, monkeypatch):
+    """Compacting the batch after every finished row, or never, gives the same samples."""
+    model, tok = policy
+    kw = dict(group_size=5, temperature=1.0, max_new_tokens=10, seeds=[3, 4, 5])
+    runs = []
+    with _stop_after(model, tok, 4):
+        for compact in (1, 1_000_000):             # compact at any finished row / never
+            monkeypatch.setattr(decode_module, "COMPACT", compact)
+            runs.append(generate(model, tok, MSGS, **kw))
+    assert torch.equal(runs[0].input_ids, runs[1].input_ids)
+    lengths = runs[0].completion_lengths
+    assert len(set(lengths.tolist())) > 2                   # rows really ended apart
+
+
+def test_preallocated_cache_matches_dynamic_cache(policy, monkeypatch):
+    from transformers import DynamicCache
+
+    model, tok = policy
+    kw = dict(group_size=3, temperature=0.9, max_new_tokens=8, seeds=[1, 2, 3])
+    fast = generate(model, tok, MSGS, **kw)
+    monkeypatch.setattr(decode_module, "new_cache", lambda model, capacity: DynamicCache())
+    plain = generate(model, tok, MSGS, **kw)
+    assert torch.equal(fast.input_ids, plain.input_ids)
+
+
+def test_first_token_follows_the_tempered_distribution(policy):
+    """1,000 coins on one prompt: the first token's frequencies fit softmax(logits / T)
+    (chi-square over the 4 likeliest tokens and the rest, expected counts >= 15)."""
+    from scipy.stats import chisquare
+
+    model, tok = policy
+    ro = generate(model, tok, MSGS[:1], group_size=1000, temperature=0.1, max_new_tokens=1,
+                  seeds=[11])
+    with torch.no_grad():
+        logits = model(input_ids=ro.input_ids[:1, :-1]).logits[0, -1].double()
+    probs = (logits / 0.1).softmax(-1)
+    top = probs.argsort(descending=True)[:4]
+    counts = torch.bincount(ro.input_ids[:, -1], minlength=probs.numel()).double()
+    observed = torch.cat([counts[top], (1000 - counts[top].sum()).reshape(1)])
+    expected = torch.cat([probs[top], (1 - probs[top].sum()).reshape(1)]) * 1000
+    assert expected.min() >= 15
+    assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+    assert len(set(ro.texts[0])) > 20                       # the coins differ row to row
+    assert counts[top[0]] < 200                             # not greedy (p = 0.11)
+
+
+def test_batched_mode_gives_each_prompt_its_own_coins(policy):
+    """With the prompt's seed fixed, its completions are the same alone or next to a longer
+    prompt, in batched mode too (fp64: no kernel difference flips a token here)."""
+    model, tok = policy
+    kw = dict(group_size=3, temperature=1.0, max_new_tokens=8)
+    alone = generate(model, tok, MSGS[:1], seeds=[5], **kw)
+    crowd = generate(model, tok, [MSGS[2], MSGS[0] * 4, MSGS[0]], seeds=[6, 7, 5], **kw)
+    assert crowd.input_ids.shape[1] > alone.input_ids.shape[1]         # padded together
+    assert _rows(alone, 0) == _rows(crowd, 2)
+    old_alone = hf_generate(model, tok, MSGS[:1], seeds=[5], **kw)       # the old loop: not so
+    old_crowd = hf_generate(model, tok, [MSGS[2], MSGS[0] * 4, MSGS[0]], seeds=[6, 7, 5], **kw)
+    assert _rows(old_alone, 0) != _rows(old_crowd, 2)
+
+
+@contextlib.contextmanager
+def _couple_rows(model):
+    """A deliberately batch-variant kernel: every row's logits move by the batch's mean logits,
+    so a row's tokens depend on whichever rows share its forward pass."""
+    def hook(module, args, output):  # noqa: ANN001
+        return output + 3.0 * output.mean(dim=0, keepdim=True)
+
+    handle = model.get_base_model().lm_head.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def test_isolated_mode_survives_a_batch_variant_kernel(policy):
+    """Record isolation (A2) with a kernel that couples rows: in isolated mode a prompt's
+    completions are the same alone or among other prompts; in batched mode they change."""
+    model, tok = policy
+    kw = dict(group_size=3, temperature=1.0, max_new_tokens=8)
+    crowd_msgs, crowd_seeds = [MSGS[2], MSGS[0] * 4, MSGS[0]], [6, 7, 5]
+    with _couple_rows(model):
+        for isolated in (True, False):
+            engine = make_engine("transformers", model, tok, isolated=isolated, rows_per_call=9)
+            alone = engine.generate(MSGS[:1], seeds=[5], **kw)
+            crowd = engine.generate(crowd_msgs, seeds=crowd_seeds, **kw)
+            assert (_rows(alone, 0) == _rows(crowd, 2)) is isolated
+
+
+def test_isolated_calls_hold_one_prompt(policy, monkeypatch):
+    """Every decode call of isolated mode sees one prompt (unpadded); batched mode packs them."""
+    from dpgrpo.rollout import transformers_engine
+
+    model, tok = policy
+    seen, real = [], transformers_engine.decode
+
+    def spy(model, prompts, row_prompt, *args, **kwargs):  # noqa: ANN001
+        seen.append((len(prompts), len(row_prompt)))
+        return real(model, prompts, row_prompt, *args, **kwargs)
+
+    monkeypatch.setattr(transformers_engine, "decode", spy)
+    kw = dict(group_size=2, temperature=1.0, max_new_tokens=3, seeds=[1, 2, 3])
+    make_engine("transformers", model, tok, isolated=True, rows_per_call=6).generate(MSGS, **kw)
+    assert seen == [(1, 2)] * 3
+    seen.clear()
+    make_engine("transformers", model, tok, isolated=False, rows_per_call=6).generate(MSGS, **kw)
+    assert seen == [(3, 6)]
+
+
+def test_adapter_switch(policy):
+    model, tok = policy
+    engine = make_engine("transformers", model, tok)
+    kw = dict(group_size=2, temperature=0.0, max_new_tokens=6)
+    tuned, base = engine.generate(MSGS, **kw), engine.generate(MSGS, use_adapter=False, **kw)
+    with model.disable_adapter():
+        expected = engine.generate(MSGS, **kw)
+    assert torch.equal(base.input_ids, expected.input_ids)
+    assert not torch.equal(tuned.input_ids, base.input_ids)
+    with pytest.raises(ConfigError, match="LoRA adapter"):
+        make_engine("transformers", model.get_base_model(), tok).generate(
+            MSGS, use_adapter=False, **kw)
+
+
+def test_repetition_penalty_and_top_p_match_transformers(policy):
+    """The DIBA sampler: greedy under a repetition penalty equals ``model.generate``'s, and
+    top-p keeps the draws inside the nucleus."""
+    model, tok = policy
+    kw = dict(group_size=1, temperature=0.0, max_new_tokens=10, repetition_penalty=1.8,
+              isolated=True)
+    assert generate(model, tok, MSGS, **kw).texts == hf_generate(model, tok, MSGS, **kw).texts
+    ro = generate(model, tok, MSGS[:1], group_size=200, temperature=1.0, max_new_tokens=1,
+                  top_p=0.3, seeds=[2])
+    with torch.no_grad():
+        probs = model(input_ids=ro.input_ids[:1, :-1]).logits[0, -1].softmax(-1)
+    order = probs.argsort(descending=True)
+    nucleus = order[:int((probs[order].cumsum(0) < 0.3).sum()) + 1]
+    assert set(ro.input_ids[:, -1].tolist()) <= set(nucleus.tolist())
+
+
+def test_plan_calls():
+    lengths = [9, 3, 7, 5]
+    iso = plan_calls(lengths, 3, 2, isolated=True)
+    assert iso == [[0, 1], [2], [3, 4], [5], [6, 7], [8], [9, 10], [11]]
+    batched = plan_calls(lengths, 3, 7, isolated=False)      # 2 whole groups per call
+    assert batched == [[3, 4, 5, 9, 10, 11], [6, 7, 8, 0, 1, 2]]   # sorted by length
+    assert plan_calls(lengths, 3, None, isolated=False) == [[3, 4, 5, 9, 10, 11, 6, 7, 8,
+                                                               0, 1, 2]]
+    assert plan_calls(lengths, 3, None, isolated=True) == [[0, 1, 2], [3, 4, 5], [6, 7, 8],
+                                                           [9, 10, 11]]
+    for calls in (iso, batched, plan_calls(lengths, 3, 2, isolated=False)):
+        assert sorted(r for c in calls for r in c) == list(range(12))
+        assert all(len(c) <= 7 for c in calls)
+    assert all(len({r // 3 for r in c}) == 1 for c in iso)
+
+
+def test_engine_names_and_statements(policy):
+    model, tok = policy
+    with pytest.raises(ConfigError, match="one of transformers, vllm"):
+        make_engine("llama.cpp", model, tok)
+    engine = make_engine("transformers", model, tok, isolated=True)
+    assert engine.isolation == isolation_statement("transformers", "isolated")
+    assert "alone" in engine.isolation
+    assert "A2 gap" in isolation_statement("transformers", "batched")
+    assert "A2 gap" in isolation_statement("vllm", "batched")
+    assert "prefix caching off" in isolation_statement("vllm", "isolated")
