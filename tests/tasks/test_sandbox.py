@@ -70,6 +70,7 @@ HOSTILE = {  # name: (program, expected status)
     "subprocess": ("import subprocess\nsubprocess.run(['touch', '{marker}'])\n" + GOOD,
                    "forbidden"),
     "huge allocation": ("def f(x):\n    block = bytearray(10**11)\n    return 2 * x\n", "memory"),
+    "1 GB allocation": ("def f(x):\n    block = bytearray(10**9)\n    return 2 * x\n", "memory"),
     "write outside": ("open('{marker}', 'w').write('x')\n" + GOOD, "forbidden"),
     "write parent": ("open('../escaped', 'w').write('x')\n" + GOOD, "forbidden"),
     "mkdir outside": ("import os\nos.mkdir('{marker}')\n" + GOOD, "forbidden"),
