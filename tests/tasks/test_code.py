@@ -82,3 +82,35 @@ def test_the_training_reward_scores_hostile_completions_zero():
     assert verdicts["loop"].timed_out and not verdicts["memory"].timed_out
     assert verdicts["empty"].extracted is None and verdicts["prose"].extracted is not None
     assert task.reward(task.gold_target(problem), problem) == 1.0
+
+
+def test_a_training_run_on_the_code_task_verifies_in_the_sandbox(tiny_model_dir, tmp_path,
+                                                                 monkeypatch):
+    """The trainer runs the code task end to end: every completion of the tiny random model is
+    scored (0) by the sandboxed verifier, and the round still takes its noisy step."""
+    import json
+
+    import dpgrpo.tasks.code as code
+    from dpgrpo.config import apply_overrides, embedded_default
+    from dpgrpo.trainer import train
+
+    statuses = []
+    original = code.run_tests
+
+    def spy(program, tests, limits):
+        result = original(program, tests, limits)
+        statuses.append(result.status)
+        return result
+
+    monkeypatch.setattr(code, "run_tests", spy)
+    cfg = apply_overrides(embedded_default(), [
+        f"model.name={tiny_model_dir}", "model.device=cpu", "data.task=code", "data.limit=20",
+        "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.steps=2",
+        "train.group_size=2", "train.max_new_tokens=8", "train.checkpoint_every=1", "privacy.seed=3"])
+    result = train(cfg, tmp_path / "run")
+    assert result.certificate["task"] == "code" and result.certificate["rounds_charged"] == 2
+    rows = [json.loads(x) for x in
+            (tmp_path / "run" / "recovery" / "telemetry.jsonl").read_text().splitlines()]
+    completions = sum(2 * r["batch_size"] for r in rows)
+    assert 0 < len(statuses) <= completions and "passed" not in statuses
+    assert all(r["reward_mean"] == 0 for r in rows if r["batch_size"])
