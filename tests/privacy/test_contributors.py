@@ -131,7 +131,7 @@ def test_the_k_problems_are_chosen_from_os_entropy_128_bits_each():
     assert chooser.choose(2) == [0, 1] and calls == [80]       # <= k problems: all, no draw
     assert chooser.releasable and chooser.state_dict() == {"source": "os-entropy"}
     default = ProblemChooser(3)
-    draws = {tuple(default.choose(40)) for _ in range(20)}
+    draws = {tuple(default.choose(400)) for _ in range(20)}  # C(400, 3) ~ 1e7: no repeats
     assert len(draws) == 20 and all(len(d) == 3 for d in draws)  # fresh every round
     with pytest.raises(PrivacyError, match="returned 3 bytes"):
         ProblemChooser(1, entropy=lambda n: b"abc").choose(4)
