@@ -65,12 +65,26 @@ class DataConfig:
     # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
     # the source file's raw row count with invalid rows as absent slots) (+ canaries).
     n_slots: int | None = None
+    # The unit of privacy (dpgrpo.privacy.contributors): "prompt" (one problem with its
+    # reference answer) or "contributor" (all problems of one contributor: n counts contributor
+    # slots, and a sampled contributor uses at most per_contributor of its problems per round).
+    privacy_unit: str = "prompt"
+    contributors: str | None = None  # mapping file problem id -> contributor (.jsonl or .csv)
+    per_contributor: int = 4  # k (public): problems of a sampled contributor used per round
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"data.limit must be >= 1, got {self.limit}")
         if self.n_slots is not None and self.n_slots < 1:
             raise ConfigError(f"data.n_slots must be >= 1, got {self.n_slots}")
+        if self.privacy_unit not in ("prompt", "contributor"):
+            raise ConfigError("data.privacy_unit must be 'prompt' or 'contributor', "
+                              f"not {self.privacy_unit!r}")
+        if self.per_contributor < 1:
+            raise ConfigError(f"data.per_contributor must be >= 1, got {self.per_contributor}")
+        if self.contributors is not None and self.privacy_unit != "contributor":
+            raise ConfigError("data.contributors maps problems to contributors for "
+                              "data.privacy_unit = 'contributor'; set that too, or remove it")
 
 
 @dataclass(frozen=True)

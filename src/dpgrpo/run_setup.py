@@ -30,6 +30,8 @@ from dpgrpo.privacy.accounting import (
     default_delta,
     sampling_rate,
 )
+from dpgrpo.privacy.contributors import CONTRIBUTOR, ProblemChooser, as_contributors
+from dpgrpo.privacy.contributors import contributor_slots, unit_description
 from dpgrpo.privacy.figures import neighbour_figures
 from dpgrpo.privacy.noise import GENERATOR, NoiseSource, check_noise_tail, noise_tail_delta
 from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount, public_slot_count
@@ -66,7 +68,7 @@ class RunState:
     config: RunConfig
     run_dir: Path
     device: torch.device
-    slots: list[Any]              # n entries: (task, problem) or None for an absent slot
+    slots: list[Any]              # n entries: (task, problem), a Contributor, or None (absent)
     n: int
     q: float
     delta: float
@@ -83,6 +85,7 @@ class RunState:
     steps_skipped: int = 0
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     _rollout_gen: torch.Generator | None = None
+    chooser: ProblemChooser | None = None  # contributor-level DP: which k problems (hidden)
 
     @property
     def model(self) -> Any:
@@ -108,13 +111,16 @@ class RunState:
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         return {"sampler": self.sampler.state_dict(), "noise": self.noise.state_dict(),
                 "rollout": None if self._rollout_gen is None else self._rollout_gen.get_state(),
-                "torch": torch.get_rng_state(), "cuda": cuda}
+                "torch": torch.get_rng_state(), "cuda": cuda,
+                "chooser": None if self.chooser is None else self.chooser.state_dict()}
 
     def load_generator_states(self, states: dict[str, Any]) -> None:
         self.sampler.load_state_dict(states["sampler"])
         self.noise.load_state_dict(states["noise"])
         if self._rollout_gen is not None and states.get("rollout") is not None:
             self._rollout_gen.set_state(states["rollout"])
+        if self.chooser is not None and states.get("chooser") is not None:
+            self.chooser.load_state_dict(states["chooser"])
         if self.seeded:  # unseeded runs keep the fresh OS-entropy seed drawn at start-up
             torch.set_rng_state(states["torch"])
             if states.get("cuda") is not None and torch.cuda.is_available():
@@ -142,6 +148,10 @@ def _slots(config: RunConfig, task: Any, run_dir: Path,
                   len(loaded.skipped))
     problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
     k = config.audit.canaries
+    if data.privacy_unit == CONTRIBUTOR:  # the record is a contributor (privacy/contributors.py)
+        contributors, count = contributor_slots(data, task, loaded, k)
+        canaries = _canary_slots(config, run_dir, ctx, first_slot=count.n - k) if k else []
+        return contributors + as_contributors(canaries), count
     count = public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
                               source_rows=len(loaded.problems) + len(loaded.skipped),
                               canaries=k, embedded=not task.needs_data_dir)
@@ -254,23 +264,32 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)
     rollout_gen = torch.Generator().manual_seed(seed + 2 + 7919 * ctx.rank) if seed is not None else None
+    chooser = None
+    if config.data.privacy_unit == CONTRIBUTOR:
+        chooser = ProblemChooser(config.data.per_contributor,
+                                 seed=None if seed is None else seed + 4 + 7919 * ctx.rank)
     return RunState(config=config, run_dir=run_dir, device=device, slots=slots, n=n, q=q,
                     delta=delta, sigma=sigma, clip_norm=clip,
                     sampler=PoissonSampler(n, q, seed=seed),
                     noise=NoiseSource(seed=None if seed is None else seed + 1, device=device),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
-                    coordinates=coordinates, _rollout_gen=rollout_gen)
+                    coordinates=coordinates, _rollout_gen=rollout_gen, chooser=chooser)
 
 
-def record_isolation(rollout_mode: str, engine: str = "transformers") -> dict[str, str]:
+def record_isolation(rollout_mode: str, engine: str = "transformers",
+                     privacy_unit: str = "prompt") -> dict[str, str]:
     """What the run did about assumption A2's execution gaps (stated in the certificate)."""
     from dpgrpo.rollout.engine import isolation_statement
 
+    gradients = ("exact: every pass holds rows of one prompt on that prompt's own columns, "
+                 "so its gradient and reference log-probs are bit-identical whatever its "
+                 "batch-mates (dpgrpo verify: batchmate_isolation)")
+    if privacy_unit == CONTRIBUTOR:
+        gradients += ("; a contributor's gradient is the sum of its own prompts' gradients, "
+                      "clipped once")
     return {
-        "gradients": "exact: every pass holds rows of one prompt on that prompt's own columns, "
-                     "so its gradient and reference log-probs are bit-identical whatever its "
-                     "batch-mates (dpgrpo verify: batchmate_isolation)",
+        "gradients": gradients,
         "rollouts": isolation_statement(engine, rollout_mode),
         "rollout_mode": rollout_mode,
         "rollout_engine": engine,
@@ -293,7 +312,8 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "expected_batch": run.expected_batch, "steps": cfg.train.steps,
         "rounds_retained": round_done, "rounds_charged": ledger.rounds,
         "rounds_replayed": ledger.rounds - round_done, "crashes": CRASHES,
-        "neighbouring_relation": NEIGHBOURING_RELATION, "unit": "one prompt (problem + reference answer)",
+        "neighbouring_relation": NEIGHBOURING_RELATION,
+        "unit": unit_description(cfg.data.privacy_unit, cfg.data.per_contributor),
         "accountant": ACCOUNTANT, "accountant_version": accountant_version(),
         "rdp_epsilon": rdp, "rdp_order": order, "ledger": ledger.to_dict(),
         "seeded": run.seeded, "releasable": releasable, "noise": "secure" if run.noise.secure else "seeded",
@@ -301,7 +321,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
         "record_isolation": record_isolation(cfg.train.rollout_isolation,
-                                             cfg.train.rollout_engine),
+                                             cfg.train.rollout_engine, cfg.data.privacy_unit),
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
         "shared_budget": ("every arm (dp-grpo, zero-advantage, ladder, filtered-sft, gold-sft) run "
                           f"with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "

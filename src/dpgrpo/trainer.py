@@ -3,8 +3,10 @@
     for t in 1..T:
         charge the round to the privacy journal                     (invariant 5)
         S_t  <- Poisson(q) sample of the n public slots             line 2
+                (contributor-level DP: a slot is a contributor, who brings <= k problems)
         for each sampled prompt: G completions, verifier rewards    lines 4-5
         per-prompt loss (Eq. 7) and ONE gradient per prompt         line 6
+                (contributor-level DP: summed over the contributor's own prompts)
         clip each to C, sum, add N(0, sigma^2 C^2 I), divide by q n lines 7-8
         AdamW step on the LoRA parameters (skipped if non-finite)   line 9
         checkpoint every k rounds: release/ and recovery/
@@ -36,6 +38,7 @@ from dpgrpo.errors import ConfigError
 from dpgrpo.grads import per_prompt_grads, trainable_parameters
 from dpgrpo.metrics import open_metrics
 from dpgrpo.privacy.accounting import pld_epsilon
+from dpgrpo.privacy.contributors import round_prompts, sum_within_records
 from dpgrpo.privacy.journal import PrivacyJournal
 from dpgrpo.quiet import quiet_model_loading
 from dpgrpo.resume import check_charged, gather_evidence, read_run_config, reconcile
@@ -130,12 +133,14 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         tic = time.perf_counter()
         sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
         records = [run.slots[i] for i in sampled if run.slots[i] is not None]  # absent: zero
-        records = shard(records, ctx)                                 # this rank's prompts
+        records = shard(records, ctx)                                 # this rank's records
         laps.reset()
-        batch, info = arm.batch(records, run.rollout_generator())     # lines 4-6 (objective)
+        plan = round_prompts(records, run.chooser)                    # a contributor: <= k
+        batch, info = arm.batch(plan.prompts, run.rollout_generator())  # lines 4-6 (objective)
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                                  method=_grad_method(config),
                                  rows_per_pass=config.train.rows_per_pass(arm.cap))  # line 6
+        grads = sum_within_records(grads, plan)                       # one gradient per record
         laps.mark("gradients")
         update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,
                                         expected_batch=run.expected_batch, noise=run.noise,
@@ -146,7 +151,8 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         else:
             skipped += 1                                              # still charged
         laps.mark("step")
-        run.telemetry.append({"round": t + 1, "batch_size": update.num_records, **info,
+        run.telemetry.append({"round": t + 1, "batch_size": update.num_records,
+                              "prompts": len(plan.prompts), **info,
                               "nonfinite_records": update.num_nonfinite,
                               "clipped_records": update.num_clipped,
                               "step_skipped": not update.finite,

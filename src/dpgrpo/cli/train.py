@@ -38,7 +38,8 @@ def train_cmd(
         help="Also show each round's realized batch size and mean reward: private training "
              "data, not covered by the guarantee (debugging only)."),
 ) -> None:
-    """Train a LoRA adapter with prompt-level DP (Algorithm 1); writes release/ and recovery/."""
+    """Train a LoRA adapter with prompt-level (or contributor-level) DP (Algorithm 1); writes
+    release/ and recovery/."""
     from dpgrpo.config import apply_overrides, embedded_default, load_config
     from dpgrpo.trainer import train
 

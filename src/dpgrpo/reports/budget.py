@@ -11,12 +11,16 @@ clipping norm, learning rate, group size and verifier do not enter it (Corollary
   count it (and to check n against the records), the model is not.
 * sigma is ``privacy.noise_multiplier`` if set, else calibrated from ``privacy.epsilon``
   (:func:`dpgrpo.privacy.accounting.calibrate`; the same calibration the trainer runs).
+* a contributor-level configuration (``data.privacy_unit = "contributor"``, n = contributor
+  slots) also gets a :class:`ContributorComparison`: what prompt-level DP on the same data (the
+  same configuration with ``privacy_unit = "prompt"``) guarantees a contributor of k =
+  ``data.per_contributor`` problems, by the accountant's group figure, at the same delta.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -40,9 +44,34 @@ class BudgetRow:
     rdp_order: float
     sigma_calibrated: bool         # True: sigma came from privacy.epsilon by bisection
     target_epsilon: float | None   # privacy.epsilon when sigma was calibrated
+    unit: str = "prompt"           # data.privacy_unit: what n counts and epsilon protects
+    contributor: ContributorComparison | None = None  # contributor-level rows only
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ContributorComparison:
+    """One contributor with k problems, protected two ways on the same data, at one delta.
+
+    ``contributor_epsilon``: contributor-level DP (this configuration: n contributor slots, at
+    most k problems each per round, one clipped gradient per contributor). The prompt-level
+    run of the same configuration (n problem slots, by the prompt rules without
+    ``data.n_slots``, which counts contributors here; sigma given, or calibrated to the same
+    privacy.epsilon at this delta) guarantees ``prompt_epsilon`` per problem and only ``group_epsilon`` to a contributor of k
+    problems (the accountant's mixture-of-Gaussians group PLD, :mod:`dpgrpo.privacy.group`;
+    a contributor with more problems fares worse still).
+    """
+
+    k: int
+    delta: float
+    contributor_epsilon: float
+    prompt_n: int
+    prompt_sigma: float
+    prompt_epsilon: float
+    group_epsilon: float
+    group_method: str
 
 
 def count_slots(config: RunConfig) -> int:
@@ -61,6 +90,10 @@ def count_slots(config: RunConfig) -> int:
     check_public_n(task, data.n_slots, data.limit)
     loaded = load_split(task, data.split, data.data_dir, source=data.source,
                         skip_invalid=data.skip_invalid)
+    if data.privacy_unit == "contributor":  # contributor slots (privacy/contributors.py)
+        from dpgrpo.privacy.contributors import contributor_slots
+
+        return contributor_slots(data, task, loaded, config.audit.canaries)[1].n
     problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
     return public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
                              source_rows=len(loaded.problems) + len(loaded.skipped),
@@ -101,11 +134,33 @@ def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = N
     except PrivacyBudgetError as err:
         raise ConfigError(f"{name}: {err}") from None
     calibrated = p.noise_multiplier is None
-    return BudgetRow(configuration=name, n=n, m=p.expected_batch, sigma=sigma, T=steps,
-                     delta=delta, q=report.q, pld_epsilon=report.epsilon,
-                     rdp_epsilon=report.rdp_epsilon, rdp_order=report.rdp_order,
-                     sigma_calibrated=calibrated,
-                     target_epsilon=p.epsilon if calibrated else None)
+    row = BudgetRow(configuration=name, n=n, m=p.expected_batch, sigma=sigma, T=steps,
+                    delta=delta, q=report.q, pld_epsilon=report.epsilon,
+                    rdp_epsilon=report.rdp_epsilon, rdp_order=report.rdp_order,
+                    sigma_calibrated=calibrated,
+                    target_epsilon=p.epsilon if calibrated else None,
+                    unit=config.data.privacy_unit)
+    if config.data.privacy_unit == "contributor":
+        row = replace(row, contributor=compare_contributor(config, row, name, cache))
+    return row
+
+
+def compare_contributor(config: RunConfig, row: BudgetRow, name: str = "config",
+                        cache: dict[tuple, Any] | None = None) -> ContributorComparison:
+    """:class:`ContributorComparison` of a contributor-level configuration and its budget row."""
+    from dpgrpo.privacy.accounting import RoundEvent
+    from dpgrpo.privacy.figures import neighbour_figure
+
+    data = replace(config.data, privacy_unit="prompt", contributors=None, n_slots=None)
+    privacy = replace(config.privacy, delta=row.delta)  # calibrated (if so) at the same delta
+    prompt = resolve_budget(replace(config, data=data, privacy=privacy),
+                            f"{name} (prompt-level)", cache=cache)
+    k = config.data.per_contributor
+    figure = neighbour_figure([RoundEvent(prompt.q, prompt.sigma, prompt.T)], row.delta, group=k)
+    return ContributorComparison(k=k, delta=row.delta, contributor_epsilon=row.pld_epsilon,
+                                 prompt_n=prompt.n, prompt_sigma=prompt.sigma,
+                                 prompt_epsilon=prompt.pld_epsilon, group_epsilon=figure.epsilon,
+                                 group_method=figure.method)
 
 
 def budget_rows(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> list[BudgetRow]:
@@ -129,10 +184,33 @@ def budget_rows(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> l
 
 
 def budget_table(rows: Sequence[BudgetRow]) -> str:
-    """Table VI-style markdown of the rows (with a delta column)."""
+    """Table VI-style markdown of the rows (with a delta column), then, if any row is
+    contributor-level, the contributor comparison (:func:`contributor_table`)."""
     from dpgrpo.reports.tables import privacy_budget_table
 
-    return privacy_budget_table([r.to_dict() for r in rows])
+    table = privacy_budget_table([r.to_dict() for r in rows])
+    compared = [r for r in rows if r.contributor is not None]
+    return table + ("\n\n" + contributor_table(compared) if compared else "")
+
+
+def contributor_table(rows: Sequence[BudgetRow]) -> str:
+    """Markdown: per contributor-level row, epsilon per contributor under contributor-level DP
+    beside prompt-level DP's epsilon per problem and for a contributor of k problems."""
+    from dpgrpo.reports.tables import markdown_table
+
+    body = []
+    for row in rows:
+        c = row.contributor
+        if c is None:  # a prompt-level row: nothing to compare
+            continue
+        body.append([row.configuration, str(c.k), f"{c.delta:.2e}",
+                     f"{row.n:,} ({row.m:g}, {row.sigma:.3f})", f"{c.contributor_epsilon:.3f}",
+                     f"{c.prompt_n:,} ({row.m:g}, {c.prompt_sigma:.3f})",
+                     f"{c.prompt_epsilon:.3f}", f"{c.group_epsilon:.3f}"])
+    header = ["Configuration", "k", "δ", "contributor slots (m, σ)",
+              "ε per contributor (contributor-level)", "problem slots (m, σ)",
+              "ε per problem (prompt-level)", "ε for k problems (prompt-level, group)"]
+    return markdown_table(header, body)
 
 
 def write_budget_report(rows: Sequence[BudgetRow], out: str | Path, *,
@@ -147,6 +225,13 @@ def write_budget_report(rows: Sequence[BudgetRow], out: str | Path, *,
     note = ("PLD: dp_accounting, add-or-remove-one, pessimistic connect-the-dots discretization; "
             "RDP: minimized over dp_accounting's order grid (order in parentheses). "
             "delta = privacy.delta or 1/(10 n).")
+    if any(r.contributor is not None for r in rows):
+        note += (" Contributor rows: n counts contributor slots and epsilon protects one "
+                 "contributor (at most k problems per round, one clipped gradient each). The "
+                 "prompt-level columns are the same configuration with data.privacy_unit = "
+                 "'prompt' (n = problem slots, by the prompt rules without data.n_slots; sigma "
+                 "given, or calibrated to the same epsilon), all at the contributor row's delta; its k-problem figure is the PLD accountant's "
+                 "group epsilon (mixture of Gaussians, Binomial(k, q)).")
     out.write_text(budget_table(rows) + "\n\n" + note + "\n", encoding="utf-8")
     written = [out]
     if as_json:
@@ -157,5 +242,6 @@ def write_budget_report(rows: Sequence[BudgetRow], out: str | Path, *,
     return written
 
 
-__all__ = ["BudgetRow", "budget_rows", "budget_table", "count_slots", "resolve_budget",
+__all__ = ["BudgetRow", "ContributorComparison", "budget_rows", "budget_table",
+           "compare_contributor", "contributor_table", "count_slots", "resolve_budget",
            "write_budget_report"]

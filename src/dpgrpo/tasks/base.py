@@ -27,9 +27,10 @@ class Problem:
 
     id: str
     question: str  # problem text (CSQA: the question stem)
-    answer: str  # reference answer (GSM8K number, MATH boxed content, CSQA letter)
+    answer: str  # reference answer (GSM8K number, MATH boxed content, CSQA letter; code: tests)
     solution: str | None = None  # worked solution (GSM8K, MATH) for gold SFT
     choices: tuple[tuple[str, str], ...] | None = None  # CSQA (label, text)
+    contributor: str | None = None  # who contributed it (contributor-level DP; data field or map)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,7 @@ def build_problems(records: Iterable[RawRecord], path: str, parse: Callable[[Row
         try:
             if isinstance(obj, DataError):
                 raise obj
-            problem = parse(Row(obj, path, line))
+            problem = _with_contributor(Row(obj, path, line), parse(Row(obj, path, line)))
             if problem.id in seen:
                 raise DataError(f"duplicate id {problem.id!r}", path=path, line=line, field="id")
         except DataError as err:
@@ -156,6 +156,16 @@ def build_problems(records: Iterable[RawRecord], path: str, parse: Callable[[Row
         seen.add(problem.id)
         problems.append(problem)
     return LoadedSplit(problems, tuple(skipped))
+
+
+def _with_contributor(row: Row, problem: Problem) -> Problem:
+    """The record's optional ``contributor`` field (a nonempty string or integer), if any."""
+    if not isinstance(row.data, Mapping) or row.data.get("contributor") is None:
+        return problem
+    value = row.data["contributor"]
+    if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip():
+        raise row.error("expected a nonempty string or integer", "contributor")
+    return replace(problem, contributor=str(value).strip())
 
 
 def merge(*parts: LoadedSplit, excluded: Mapping[str, int] | None = None) -> LoadedSplit:

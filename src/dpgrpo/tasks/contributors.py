@@ -1,0 +1,109 @@
+"""Who contributed each problem: the data side of contributor-level DP.
+
+A problem's contributor comes from ``data.contributors``, a mapping file from problem id to
+contributor id, when one is given (it then decides for every problem), else from the
+problem's own ``contributor`` field in the data file (:func:`dpgrpo.tasks.records.build_problems`
+reads it). The mapping file is
+
+* ``.jsonl``: one object per line, ``{"id": "gsm8k-train-00017", "contributor": "alice"}``;
+* ``.csv``: a header row naming the columns ``id`` and ``contributor``, then one row per problem.
+
+Ids of other splits may appear in the mapping (they are not used). A problem of the split with
+no contributor, an empty id, or an id mapped twice is an error naming the file, line and field.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dpgrpo.errors import DataError
+from dpgrpo.tasks.base import Problem
+
+MAPPING_FIELDS = ("id", "contributor")
+
+
+def _rows(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line, object)`` of a .jsonl or .csv mapping; undecodable input raises DataError."""
+    if not path.is_file():
+        raise DataError("contributor mapping file not found", path=str(path))
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataError(f"undecodable bytes (not UTF-8) at byte {err.start}",
+                        path=str(path)) from None
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        missing = [f for f in MAPPING_FIELDS if f not in (reader.fieldnames or [])]
+        if missing:
+            raise DataError(f"the header must name the columns {', '.join(MAPPING_FIELDS)}",
+                            path=str(path), line=1, field=missing[0])
+        for row in reader:
+            yield reader.line_num, row
+        return
+    if path.suffix.lower() != ".jsonl":
+        raise DataError("a contributor mapping is a .jsonl or .csv file", path=str(path))
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"invalid JSON ({err.msg}, column {err.colno})",
+                                path=str(path), line=number) from None
+
+
+def _text(obj: Any, field: str, path: Path, line: int) -> str:
+    if not isinstance(obj, dict):
+        raise DataError(f"expected an object, got {type(obj).__name__}", path=str(path), line=line)
+    value = obj.get(field)
+    if isinstance(value, bool) or not isinstance(value, str | int) or not str(value).strip():
+        raise DataError("expected a nonempty string or integer", path=str(path), line=line,
+                        field=field)
+    return str(value).strip()
+
+
+def read_contributor_map(path: str | Path) -> dict[str, str]:
+    """Problem id -> contributor id from a ``.jsonl`` or ``.csv`` mapping file."""
+    path = Path(path).expanduser()
+    mapping: dict[str, str] = {}
+    for line, obj in _rows(path):
+        problem_id = _text(obj, "id", path, line)
+        contributor = _text(obj, "contributor", path, line)
+        if problem_id in mapping and mapping[problem_id] != contributor:
+            raise DataError(f"problem {problem_id!r} is mapped to two contributors",
+                            path=str(path), line=line, field="id")
+        mapping[problem_id] = contributor
+    return mapping
+
+
+def assign_contributors(problems: Sequence[Problem], mapping: dict[str, str] | None, *,
+                        source: str) -> list[Problem]:
+    """``problems`` with ``contributor`` set from ``mapping`` (when given) or kept from their own
+    field; a problem left without one is a DataError (``source`` names the file to fix)."""
+    out = []
+    for problem in problems:
+        who = mapping.get(problem.id) if mapping is not None else problem.contributor
+        if who is None:
+            raise DataError(f"problem {problem.id!r} has no contributor: give every problem a "
+                            "`contributor` field or map its id in data.contributors",
+                            path=source, field="contributor")
+        out.append(problem if who == problem.contributor else replace(problem, contributor=who))
+    return out
+
+
+def group_by_contributor(problems: Iterable[Problem]) -> list[tuple[str, list[Problem]]]:
+    """``(contributor, its problems)`` in order of first appearance, problems in file order."""
+    groups: dict[str, list[Problem]] = {}
+    for problem in problems:
+        if problem.contributor is None:
+            raise DataError(f"problem {problem.id!r} has no contributor", field="contributor")
+        groups.setdefault(problem.contributor, []).append(problem)
+    return list(groups.items())
+
+
+__all__ = ["MAPPING_FIELDS", "assign_contributors", "group_by_contributor",
+           "read_contributor_map"]
