@@ -103,3 +103,34 @@ def test_torchrun_style_training_writes_one_release(tiny_model_dir, tmp_path):
     a0, a1 = torch.load(tmp_path / "adapter-0.pt"), torch.load(tmp_path / "adapter-1.pt")
     assert a0.keys() == a1.keys() and all(torch.equal(a0[k], a1[k]) for k in a0)
     assert any(float(v.abs().sum()) > 0 for k, v in a0.items() if "lora_B" in k)
+
+
+def test_one_process_transport_is_the_mechanism_and_guards_the_denominator():
+    grads = _records(3)
+    ctx = DistContext()
+    for sigma in (0.0, 1.5):
+        here = privatize_across_ranks(grads, clip_norm=0.9, noise_multiplier=sigma,
+                                      expected_batch=5.0, noise=NoiseSource(seed=7), ctx=ctx)
+        ref = privatize(grads, clip_norm=0.9, noise_multiplier=sigma, expected_batch=5.0,
+                        noise=NoiseSource(seed=7))
+        assert (here.num_records, here.num_clipped) == (ref.num_records, ref.num_clipped) == (3, 3)
+        for k in ref.update:
+            assert torch.equal(here.update[k], ref.update[k])
+    from dpgrpo.errors import PrivacyError
+
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(PrivacyError, match="q\\*n"):
+            privatize_across_ranks(grads, clip_norm=0.9, noise_multiplier=1.0,
+                                   expected_batch=bad, noise=NoiseSource(seed=7), ctx=ctx)
+
+
+def test_distributed_transport_reuses_the_mechanism_halves():
+    """Noise, its scale and the division by q*n live in mechanism.py only (issue 13.1)."""
+    import inspect
+
+    import dpgrpo.distributed as dist_mod
+
+    src = inspect.getsource(dist_mod)
+    for name in ("add_gaussian_noise", "clip_per_record", "/ expected_batch", "normal("):
+        assert name not in src
+    assert "clip_sum_count" in src and "noise_and_scale" in src

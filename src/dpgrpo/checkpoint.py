@@ -21,108 +21,30 @@ by :func:`remove_temporaries` on the next start.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
 import shutil
 import tempfile
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from dpgrpo.errors import ConfigError, DiskFullError, RecoveryError, ReleaseError
+from dpgrpo.atomic import (
+    atomic_write_json,
+    atomic_write_text,
+    disk_full_guard,
+    fsync_dir,
+    fsync_file,
+)
+from dpgrpo.errors import ConfigError, RecoveryError, ReleaseError
 from dpgrpo.release import RELEASE_CONFIG, RELEASE_FILES
 
 KEEP_CHECKPOINTS = 2
 _STEP = re.compile(r"step-(\d{6,})")
-
-
-@contextmanager
-def disk_full_guard(where: Path) -> Iterator[None]:
-    """Turn a full disk (ENOSPC, EDQUOT, torch's ``unexpected pos``) into :class:`DiskFullError`."""
-    try:
-        yield
-    except DiskFullError:
-        raise
-    except OSError as err:
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        raise DiskFullError(_full_message(where)) from None
-    except RuntimeError as err:  # torch's zip writer reports a short write this way
-        text = str(err)
-        if "unexpected pos" not in text and "file write failed" not in text:
-            raise
-        raise DiskFullError(_full_message(where)) from None
-
-
-def _full_message(where: Path) -> str:
-    try:
-        free = shutil.disk_usage(where if where.exists() else where.parent).free
-        left = f" ({free:,} bytes free)"
-    except OSError:
-        left = ""
-    return (f"disk full while writing {where}{left}: nothing half-written was kept; free "
-            "space, then resume the run (dpgrpo train --resume RUN_DIR)")
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not every filesystem can sync a directory
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with disk_full_guard(path):
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def append_lines(path: Path, lines: list[str]) -> None:
-    """Append lines to a JSONL file, first ending a line torn by a crash (fsynced)."""
-    if not lines:
-        return
-    with disk_full_guard(path), open(path, "a+b") as fh:
-        if fh.tell() > 0:
-            fh.seek(-1, os.SEEK_END)
-            if fh.read(1) != b"\n":
-                fh.write(b"\n")
-        fh.write("".join(line + "\n" for line in lines).encode())
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def remove_temporaries(run_dir: Path) -> list[str]:
@@ -154,7 +76,7 @@ def write_release(release_dir: Path, *, model: Any, config: dict[str, Any],
             if release_dir.exists():
                 os.replace(release_dir, old)
             os.replace(tmp, release_dir)
-            _fsync_dir(parent)
+            fsync_dir(parent)
             shutil.rmtree(old, ignore_errors=True)
         finally:
             if tmp.exists():
@@ -176,7 +98,7 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
         raise ReleaseError(f"refusing to release unexpected files {stray}: only "
                            f"{sorted(RELEASE_FILES)} may leave the curator")
     for path in tmp.iterdir():
-        _fsync_file(path)
+        fsync_file(path)
 
 
 def _model_card(release: Path) -> str:
@@ -244,13 +166,13 @@ def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
             torch.save({"round_done": round_done, "adapter": adapter,
                         "optimizer": optimizer.state_dict(), "generators": generators, **extra},
                        tmp / "state.pt")
-            _fsync_file(tmp / "state.pt")
+            fsync_file(tmp / "state.pt")
             atomic_write_json(tmp / "meta.json", {"round_done": round_done,
                                                   "ledger": extra.get("ledger")})
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(recovery_dir)
+            fsync_dir(recovery_dir)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -338,7 +260,6 @@ def restore_adapter(model: Any, adapter: dict[str, torch.Tensor]) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
-__all__ = ["Checkpoint", "KEEP_CHECKPOINTS", "RELEASE_FILES", "append_lines", "atomic_write_json",
-           "atomic_write_text", "checkpoint_dirs", "disk_full_guard", "load_checkpoint",
+__all__ = ["Checkpoint", "KEEP_CHECKPOINTS", "RELEASE_FILES", "checkpoint_dirs", "load_checkpoint",
            "load_recovery", "remove_temporaries", "restore_adapter", "save_recovery",
            "write_release"]

@@ -24,12 +24,9 @@ import torch
 
 from dpgrpo.privacy.mechanism import (
     PrivatizedUpdate,
-    add_gaussian_noise,
-    clip_and_sum,
-    nonfinite_records,
-    num_records,
-    per_record_norms,
-    privatize,
+    check_expected_batch,
+    clip_sum_count,
+    noise_and_scale,
 )
 from dpgrpo.privacy.noise import NoiseSource
 
@@ -93,31 +90,36 @@ def shard(items: Sequence[T], ctx: DistContext) -> list[T]:
 def privatize_across_ranks(grads: dict[str, torch.Tensor], *, clip_norm: float,
                            noise_multiplier: float, expected_batch: float, noise: NoiseSource,
                            ctx: DistContext) -> PrivatizedUpdate:
-    """:func:`~dpgrpo.privacy.mechanism.privatize` for records spread over ranks."""
-    if not ctx.active:
-        return privatize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                         expected_batch=expected_batch, noise=noise)
-    import torch.distributed as dist
+    """The mechanism of :mod:`dpgrpo.privacy.mechanism` for records spread over ranks.
 
-    summed = clip_and_sum(grads, clip_norm)                      # this rank's clipped records
-    any_tensor = next(iter(summed.values()))
-    norms = per_record_norms(grads)
-    counts = torch.tensor([num_records(grads), int(nonfinite_records(grads).sum()),
-                           int((norms > clip_norm).sum()) if clip_norm != float("inf") else 0],
-                          dtype=torch.float64, device=any_tensor.device)
-    for name in sorted(summed):
-        dist.all_reduce(summed[name], op=dist.ReduceOp.SUM)
-    dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    The same two halves as :func:`~dpgrpo.privacy.mechanism.privatize`, with the transport
+    between them: each rank's :func:`clip_sum_count`, an all-reduce of the sums and counts, and
+    :func:`noise_and_scale` on rank 0 alone (noise exactly once), broadcast to every rank.
+    """
+    check_expected_batch(expected_batch)                         # on every rank, before work
+    part = clip_sum_count(grads, clip_norm)                      # this rank's clipped records
+    counts = (part.num_records, part.num_nonfinite, part.num_clipped)
+    total = part.total
+    if ctx.active:
+        import torch.distributed as dist
+
+        reduced = torch.tensor(counts, dtype=torch.float64,
+                               device=next(iter(total.values())).device)
+        for name in sorted(total):
+            dist.all_reduce(total[name], op=dist.ReduceOp.SUM)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        counts = tuple(int(x) for x in reduced.tolist())
     if ctx.is_main:                                              # noise exactly once
-        noise.start_round()
-        noisy = add_gaussian_noise(summed, noise_multiplier, clip_norm, noise)
-        update = {k: v / expected_batch for k, v in noisy.items()}
+        update = noise_and_scale(total, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                                 expected_batch=expected_batch, noise=noise)
     else:
-        update = {k: torch.empty_like(v) for k, v in summed.items()}
-    for name in sorted(update):
-        dist.broadcast(update[name], src=0)
-    b, bad, clipped = (int(x) for x in counts.tolist())
-    return PrivatizedUpdate(update, b, bad, clipped)
+        update = {k: torch.empty_like(v) for k, v in total.items()}
+    if ctx.active:
+        import torch.distributed as dist
+
+        for name in sorted(update):
+            dist.broadcast(update[name], src=0)
+    return PrivatizedUpdate(update, *counts)
 
 
 def barrier(ctx: DistContext) -> None:

@@ -355,7 +355,7 @@ def run_protocol(plan: ProtocolPlan, *, progress: Callable[[str], None] | None =
 
 
 def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) -> ProtocolResult:
-    from dpgrpo.checkpoint import atomic_write_json
+    from dpgrpo.atomic import atomic_write_json
     from dpgrpo.reports.compare import run_compare
 
     say = progress or (lambda message: None)

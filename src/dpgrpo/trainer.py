@@ -29,7 +29,8 @@ from typing import Any, Callable
 import torch
 
 from dpgrpo.arms import make_arm
-from dpgrpo.checkpoint import append_lines, atomic_write_json, checkpoint_dirs, load_checkpoint
+from dpgrpo.atomic import append_lines, atomic_write_json, atomic_write_text
+from dpgrpo.checkpoint import checkpoint_dirs, load_checkpoint
 from dpgrpo.checkpoint import remove_temporaries, restore_adapter, save_recovery, write_release
 from dpgrpo.config import RunConfig, to_toml
 from dpgrpo.distributed import DistContext, barrier, broadcast_object, init_from_env
@@ -115,7 +116,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
     else:
         start = 0
         if ctx.is_main:
-            atomic_write_text_config(run)
+            _write_recovery_config(run)
             journal.open()
     arm = make_arm(run)
     laps = arm.laps  # wall-clock per phase: public metrics (train.metrics), never data
@@ -232,10 +233,8 @@ def _publish(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
                   certificate=cert)
 
 
-def atomic_write_text_config(run: RunState) -> None:
+def _write_recovery_config(run: RunState) -> None:
     """The full config (seed included) goes to recovery/; release/ gets the public one later."""
-    from dpgrpo.checkpoint import atomic_write_text
-
     atomic_write_json(run.run_dir / "recovery" / "config.json", run.config.to_dict(public=False))
     atomic_write_text(run.run_dir / "recovery" / "config.toml", to_toml(run.config))
 

@@ -166,3 +166,22 @@ def test_single_tensor_input_fp32_clipping_and_fp64_sum():
     assert clip_per_record(g, 1.0).dtype == torch.float32
     out = clip_and_sum(g, 1.0)
     assert out.dtype == torch.float64 and out.shape == (10,)
+
+
+def test_privatize_is_clip_sum_count_then_noise_and_scale():
+    from dpgrpo.privacy.mechanism import clip_sum_count, noise_and_scale
+
+    g = torch.Generator().manual_seed(5)
+    grads = {"w": torch.randn(4, 6, generator=g, dtype=torch.float64) * 3}
+    grads["w"][2] = float("nan")
+    part = clip_sum_count(grads, 1.0)
+    assert (part.num_records, part.num_nonfinite, part.num_clipped) == (4, 1, 3)
+    rows = torch.nan_to_num(grads["w"], nan=0.0)
+    rows = rows * torch.clamp(1.0 / rows.norm(dim=1, keepdim=True), max=1.0).nan_to_num(1.0)
+    assert torch.allclose(part.total["w"], rows.sum(0), atol=1e-12)
+    split = noise_and_scale(part.total, clip_norm=1.0, noise_multiplier=0.7, expected_batch=3.0,
+                            noise=NoiseSource(seed=11))
+    whole = privatize(grads, clip_norm=1.0, noise_multiplier=0.7, expected_batch=3.0,
+                      noise=NoiseSource(seed=11))
+    assert torch.equal(split["w"], whole.update["w"])
+    assert whole.num_nonfinite == 1 and whole.num_clipped == 3

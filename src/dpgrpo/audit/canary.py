@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpgrpo.atomic import atomic_write_text
 from dpgrpo.errors import ConfigError, DataError, ReleaseError
 from dpgrpo.tasks import Problem
 
@@ -136,10 +137,7 @@ class CanaryPlan:
             raise ReleaseError(f"refusing to write canary inclusion bits to {path}: they are "
                                "secret (they decide which canaries were trained on) and a "
                                "release must not contain them; use RUN_DIR/recovery/")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
         return path
 
     @classmethod

@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dpgrpo.atomic import atomic_write_text
 from dpgrpo.errors import DataError
 from dpgrpo.tasks import Problem, Verdict, VerifiedTask
 
@@ -134,18 +134,7 @@ def append_predictions(path: str | Path, predictions: Iterable[Prediction]) -> N
 def write_predictions(path: str | Path, predictions: Iterable[Prediction]) -> None:
     """Write a whole predictions file atomically."""
     text = "".join(json.dumps(p.to_json(), ensure_ascii=False) + "\n" for p in predictions)
-    write_atomic(path, text)
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` via a temporary file and rename."""
-    path = Path(path)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False,
-                                     prefix=f".{path.name}.") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(handle.name, path)
+    atomic_write_text(path, text)
 
 
 def summarize(predictions: Sequence[Prediction], *, task: str, model: str,
@@ -172,7 +161,7 @@ def summarize(predictions: Sequence[Prediction], *, task: str, model: str,
 
 def write_summary(path: str | Path, summary: Mapping[str, Any]) -> None:
     """Write ``summary.json`` atomically (keys in contract order)."""
-    write_atomic(path, json.dumps(dict(summary), indent=2) + "\n")
+    atomic_write_text(path, json.dumps(dict(summary), indent=2) + "\n")
 
 
 def read_summary(path: str | Path) -> dict[str, Any]:

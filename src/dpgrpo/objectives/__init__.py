@@ -89,4 +89,14 @@ def row_weights_uniform(num_prompts: int, rows_per_prompt: int,
                       dtype=dtype)
 
 
-__all__ = ["Objective", "TrainBatch", "row_weights_uniform"]
+def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each row's mean over its own masked tokens, shape (n,); an empty row gives 0.
+
+    The normalizer is the row's own token count, never a count shared across rows or prompts
+    (a shared one would let one prompt's length scale another prompt's gradient).
+    """
+    mask = mask.to(values.dtype)
+    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+__all__ = ["Objective", "TrainBatch", "masked_row_mean", "row_weights_uniform"]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.objectives import TrainBatch, row_weights_uniform
+from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform
 from dpgrpo.objectives.logprobs import token_logprobs
 
 ADVANTAGE_MODES = ("group", "zero", "shuffled", "positive")
@@ -104,8 +104,7 @@ class GRPOObjective:
             assert ref is not None
             kl = k3_kl(logp, torch.where(mask > 0, ref.to(logp.dtype), logp))  # 0 off-mask
             gain = gain - self.beta * kl                                      # Eq. (3)
-        per_token = -gain * mask                                              # (n, W)
-        return per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)          # (n,)
+        return masked_row_mean(-gain, mask)                                  # (n,)
 
 
 def _layout(rows: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:

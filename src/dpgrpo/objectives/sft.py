@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dpgrpo.objectives import TrainBatch
+from dpgrpo.objectives import TrainBatch, masked_row_mean
 from dpgrpo.objectives.logprobs import token_logprobs
 
 
@@ -28,8 +28,7 @@ class SFTObjective:
     def row_losses(self, model: torch.nn.Module, batch: TrainBatch, rows: slice) -> torch.Tensor:
         ids, attn, mask, _ = batch.window(rows)                              # (n, W)
         logp = token_logprobs(model, ids, attn, mask=mask)                    # (n, W)
-        mask = mask.to(logp.dtype)
-        return -(logp * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)     # (n,)
+        return masked_row_mean(-logp, mask)                                   # (n,)
 
 
 def filtered_row_weights(rewards: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpgrpo.atomic import fsync_dir
 from dpgrpo.errors import DiskFullError, LedgerError
 from dpgrpo.privacy.accounting import PrivacyLedger
 
@@ -205,26 +206,12 @@ class PrivacyJournal:
             finally:
                 os.close(fd)
             if new:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(f"disk full: could not append to the privacy journal "
                                     f"{self.path}; free space, then resume the run") from None
             raise
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a new directory entry durable (best effort: not every filesystem allows it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = ["JournalScan", "PrivacyJournal", "decode_line", "encode_line", "scan"]

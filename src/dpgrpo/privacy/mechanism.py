@@ -123,12 +123,6 @@ def sum_records(grads: PerRecordGrads) -> torch.Tensor | Grads:
     return _like_input(grads, {k: v.sum(dim=0, dtype=torch.float64) for k, v in d.items()})
 
 
-def clip_and_sum(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | Grads:
-    """Sanitize non-finite records to zero, clip each record to C, and sum in fp64 (lines 7-8)."""
-    clean, _ = sanitize_nonfinite(grads)
-    return sum_records(clip_per_record(clean, clip_norm))
-
-
 def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, clip_norm: float,
                        noise: NoiseSource) -> torch.Tensor | Grads:
     """Add N(0, sigma^2 C^2 I) to the sum, once, to every coordinate of every tensor (line 8).
@@ -152,6 +146,20 @@ def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, cl
 
 
 @dataclass(frozen=True)
+class ClippedSum:
+    """Lines 7-8 before the noise: the fp64 sum of clipped records and its private counts.
+
+    This is what data-parallel ranks all-reduce (:mod:`dpgrpo.distributed`): clipping happened
+    per record before any reduction, so the sensitivity of the reduced total is still C.
+    """
+
+    total: torch.Tensor | Grads
+    num_records: int
+    num_nonfinite: int
+    num_clipped: int
+
+
+@dataclass(frozen=True)
 class PrivatizedUpdate:
     """The noisy average gradient of one round and its (private) bookkeeping.
 
@@ -171,9 +179,45 @@ class PrivatizedUpdate:
         return all(bool(torch.isfinite(t).all()) for t in d.values())
 
 
+def check_expected_batch(expected_batch: float) -> None:
+    """The denominator q*n must be a positive public number (never the realized batch size)."""
+    if not expected_batch > 0:
+        raise PrivacyError(f"the denominator q*n must be > 0, got {expected_batch}")
+
+
+def clip_sum_count(grads: PerRecordGrads, clip_norm: float) -> ClippedSum:
+    """Sanitize non-finite records to zero, clip each to C, sum in fp64, and count (lines 7-8)."""
+    b = num_records(grads)
+    clean, bad = sanitize_nonfinite(grads)
+    norms = per_record_norms(clean)
+    total = sum_records(clip_per_record(clean, clip_norm))
+    clipped = int((norms > clip_norm).sum()) if math.isfinite(clip_norm) else 0
+    return ClippedSum(total, b, int(bad.sum()), clipped)
+
+
+def clip_and_sum(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | Grads:
+    """The fp64 sum of sanitized, clipped records (:func:`clip_sum_count` without the counts)."""
+    return clip_sum_count(grads, clip_norm).total
+
+
+def noise_and_scale(total: torch.Tensor | Grads, *, clip_norm: float, noise_multiplier: float,
+                    expected_batch: float, noise: NoiseSource) -> torch.Tensor | Grads:
+    """Add N(0, sigma^2 C^2 I) once to the clipped sum and divide by the public q*n (lines 8-9).
+
+    Starts the noise source's round (:meth:`NoiseSource.start_round`): call it exactly once per
+    round, on one process.
+    """
+    check_expected_batch(expected_batch)
+    noise.start_round()
+    noisy = add_gaussian_noise(total, noise_multiplier, clip_norm, noise)
+    d = noisy if isinstance(noisy, dict) else {_SINGLE: noisy}
+    scaled = {k: v / expected_batch for k, v in d.items()}
+    return scaled if isinstance(noisy, dict) else scaled[_SINGLE]
+
+
 def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: float,
               expected_batch: float, noise: NoiseSource) -> PrivatizedUpdate:
-    """One round of the mechanism: sanitize, clip, sum, add noise once, divide by q*n.
+    """One round of the mechanism: :func:`clip_sum_count`, then :func:`noise_and_scale`.
 
     Args:
         grads: per-prompt gradients with a leading record axis (possibly of size 0).
@@ -183,16 +227,8 @@ def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: floa
             data through the sampled presence bits and would void the analysis (Appendix A-G).
         noise: the round's noise source; :meth:`NoiseSource.start_round` is called here.
     """
-    if not expected_batch > 0:
-        raise PrivacyError(f"the denominator q*n must be > 0, got {expected_batch}")
-    b = num_records(grads)
-    clean, bad = sanitize_nonfinite(grads)
-    norms = per_record_norms(clean)
-    summed = sum_records(clip_per_record(clean, clip_norm))
-    noise.start_round()
-    noisy = add_gaussian_noise(summed, noise_multiplier, clip_norm, noise)
-    d = noisy if isinstance(noisy, dict) else {_SINGLE: noisy}
-    scaled = {k: v / expected_batch for k, v in d.items()}
-    update = scaled if isinstance(noisy, dict) else scaled[_SINGLE]
-    clipped = int((norms > clip_norm).sum()) if math.isfinite(clip_norm) else 0
-    return PrivatizedUpdate(update, b, int(bad.sum()), clipped)
+    check_expected_batch(expected_batch)
+    part = clip_sum_count(grads, clip_norm)
+    update = noise_and_scale(part.total, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                             expected_batch=expected_batch, noise=noise)
+    return PrivatizedUpdate(update, part.num_records, part.num_nonfinite, part.num_clipped)
