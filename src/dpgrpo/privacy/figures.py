@@ -3,7 +3,9 @@
 The certificate's epsilon protects one prompt added or removed (Definition 3). The same ledger
 also protects one prompt swapped for another (replace-one) and a person who contributes k
 prompts (a group of k added or removed together). Each :class:`NeighbourFigure` is stated at the
-run's delta and names its method:
+run's delta and names its method. Under contributor-level DP (``data.privacy_unit =
+"contributor"``) the record is a contributor, so read "prompt" below as "contributor": the
+group figures then count contributors, and the certificate's ``unit`` says which applies.
 
 * ``pld-accountant``: the ledger accounted directly under that relation
   (:func:`dpgrpo.privacy.accounting.replace_one_epsilon`, :func:`~.group_epsilon`);
