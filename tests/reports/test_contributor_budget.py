@@ -59,7 +59,7 @@ def test_privacy_report_prints_the_contributor_comparison(tmp_path):
     out = tmp_path / "budget.md"
     result = CliRunner().invoke(app, ["privacy", "report", str(cfg), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.stdout.strip().splitlines()[0])
+    (row,) = json.loads(result.stdout.strip().splitlines()[0])["rows"]  # one JSON object
     assert row["n"] == 250 and row["unit"] == "contributor" and not row["sigma_calibrated"]
     assert row["pld_epsilon"] == compute_epsilon(250, 8, 3, 0.9, 1 / 2500).epsilon
     c = row["contributor"]
