@@ -82,25 +82,48 @@ class StudySettings:
 
 
 class Steps:
-    """Wall time and peak RSS of each named step of the study."""
+    """Wall time and peak RSS of each named step of the study.
 
-    def __init__(self, say: Say) -> None:
-        self.say, self.rows = say, []                # type: ignore[var-annotated]
+    With ``record`` (a JSON file), each finished step is written there at once, and a step
+    that a resumed study skips keeps the time and memory of the run that did its work (for each
+    step name, the row with the most seconds), so an interrupted study still reports them.
+    """
+
+    def __init__(self, say: Say, record: Path | None = None) -> None:
+        self.say, self.record = say, record
+        self._rows: list[dict[str, Any]] = []
+        if record is not None and record.exists():
+            self._rows = list(json.loads(record.read_text()))
         self.started = time.perf_counter()
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        best: dict[str, dict[str, Any]] = {}
+        for row in self._rows:
+            if row["step"] not in best or row["seconds"] > best[row["step"]]["seconds"]:
+                best[row["step"]] = row
+        return list(best.values())
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"{name} ...")
         t0 = time.perf_counter()
         with PeakRSS(interval=0.05) as mem:
             out = fn()
-        self.rows.append({"step": name, "seconds": round(time.perf_counter() - t0, 1),
-                          "peak_rss_bytes": mem.peak})
-        self.say(f"{name}: {self.rows[-1]['seconds']:.0f} s")
+        row = {"step": name, "seconds": round(time.perf_counter() - t0, 1),
+               "peak_rss_bytes": mem.peak}
+        self._rows.append(row)
+        if self.record is not None:
+            from dpgrpo.checkpoint import atomic_write_json
+
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.record, self.rows)
+        self.say(f"{name}: {row['seconds']:.0f} s")
         return out
 
     @property
     def wall(self) -> float:
-        return time.perf_counter() - self.started
+        """Seconds of study work: the sum of the steps' rows (resumed steps included)."""
+        return sum(row["seconds"] for row in self.rows)
 
 
 def _overrides(table: Mapping[str, Any]) -> list[str]:
@@ -210,23 +233,22 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     table = data.pop("protocol", {})
     config = config_from_dict(data, source=str(config_path))
     out = Path(out_dir).resolve()
-    steps = Steps(say)
+    steps = Steps(say, out / "steps.json")
     plan = plan_protocol(config, protocol_settings(table), out)
     protocol = steps.run("protocol (base, non-private, dp-grpo, control; train + eval)",
                          lambda: run_protocol(plan, progress=say))
     report = json.loads((out / "compare" / "report.json").read_text())
-    task = config.data.task
     leaky_cfg = apply_overrides(config, _overrides(settings.leaky))
     steps.run("leaky non-private run", lambda: _train_once(leaky_cfg, out / "audit" / "leaky"))
     leaky = steps.run("DIBA audit of the leaky run",
                       lambda: _mia(out / "audit" / "leaky", out / "audit" / "leaky-mia",
-                                   settings, task))
+                                   settings, leaky_cfg.data.task))
     private_cfg = apply_overrides(config, _overrides(settings.private_audit))
     dp_cert = steps.run("audited DP-GRPO run (members + canaries)",
                         lambda: _train_once(private_cfg, out / "audit" / "private"))
     private = steps.run("DIBA audit of the DP-GRPO run",
                         lambda: _mia(out / "audit" / "private", out / "audit" / "private-mia",
-                                     settings, task))
+                                     settings, private_cfg.data.task))
     canary = steps.run("canary audit (one-run lower bound)",
                        lambda: _canary(out / "audit" / "private", out / "audit" / "canary",
                                        settings))
