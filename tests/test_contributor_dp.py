@@ -12,12 +12,11 @@ import torch
 
 from dpgrpo.config import apply_overrides, embedded_default
 from dpgrpo.grads import per_prompt_grads
-from dpgrpo.model import LoraSettings, attach_lora
 from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, group_advantages
 from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.privacy.contributors import Contributor, ProblemChooser, round_prompts
 from dpgrpo.privacy.contributors import sum_within_records
-from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer, random_specs
+from dpgrpo.testing import build_tiny_tokenizer, random_specs, tiny_fp32_policy
 from dpgrpo.testing import rollouts_from_specs
 from dpgrpo.trainer import train
 
@@ -30,13 +29,7 @@ def tok():
 @pytest.fixture(scope="module")
 def policy32(tok):
     """fp32 tiny Llama with a nonzero adapter: floating point shows any coupling."""
-    model = attach_lora(build_tiny_model(tok, dtype="float32"), LoraSettings(dropout=0.0))
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return model.eval()
+    return tiny_fp32_policy(tok)
 
 
 def _contributor_grads(model, tok, people, specs, rewards, method):

@@ -15,7 +15,7 @@ from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, group_advan
                                     reference_logprobs)
 from dpgrpo.rollout import RolloutBatch, generate
 from dpgrpo.testing import (build_tiny_model, build_tiny_tokenizer, exact_rmsnorm,
-                            random_specs, rollouts_from_specs)
+                            random_specs, rollouts_from_specs, tiny_fp32_policy)
 
 MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more.", "Answer: A B C",
             "abc", "Solve the problem step by step."]
@@ -203,13 +203,7 @@ def test_empty_batch(policy, tok):
 @pytest.fixture(scope="module")
 def policy32(tok):
     """fp32 tiny Llama with a nonzero adapter: floating point shows any batch coupling."""
-    model = attach_lora(build_tiny_model(tok, dtype="float32"), LoraSettings(dropout=0.0))
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return model.eval()
+    return tiny_fp32_policy(tok)
 
 
 def _grpo_batch(model, tok, specs, rewards):

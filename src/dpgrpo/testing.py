@@ -126,6 +126,25 @@ def tiny_fp64_policy(*, seed: int = 7, lora_scale: float = 0.2):
     return model.eval(), tok
 
 
+def tiny_fp32_policy(tok, *, seed: int = 11, lora_scale: float = 0.2):
+    """A float32 tiny Llama with a nonzero LoRA adapter, dropout off, in eval mode: fp32
+    rounding shows any coupling between batch-mates that fp64 would hide."""
+    import torch
+
+    from dpgrpo.model import LoraSettings, attach_lora
+
+    base = build_tiny_model(tok, dtype="float32")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)                      # LoRA's A initialization
+        model = attach_lora(base, LoraSettings(dropout=0.0))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * lora_scale)
+    return model.eval()
+
+
 def synthetic_rollouts(tok, num_prompts: int, group: int, *, seed: int = 0, cap: int = 7):
     """A RolloutBatch with left-padded prompts of unequal length and completions of unequal
     length (some hitting the cap), without running generation."""

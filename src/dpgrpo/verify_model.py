@@ -106,17 +106,10 @@ def _constant_groups() -> float:
 
 @lru_cache(maxsize=1)
 def _policy32():
-    from dpgrpo.model import LoraSettings, attach_lora
-    from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+    from dpgrpo.testing import build_tiny_tokenizer, tiny_fp32_policy
 
     tok = build_tiny_tokenizer()
-    model = attach_lora(build_tiny_model(tok, dtype="float32"), LoraSettings(dropout=0.0))
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
-    return model.eval(), tok
+    return tiny_fp32_policy(tok), tok
 
 
 @check("batchmate_isolation", group="model", tolerance=0.0,
