@@ -90,3 +90,38 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert journal.read_text() == before
     assert json.loads((results / "cpu-study.json").read_text())["audit_leaky_auc"] == \
         record["audit_leaky_auc"]
+
+
+def test_an_epsilon_the_gate_refuses_is_reported_not_fatal(monkeypatch, tmp_path: Path) -> None:
+    """A sweep epsilon whose certificate cannot be made (the noise-tail gate) is a row saying so."""
+    from types import SimpleNamespace
+
+    import dpgrpo.study as study
+    from dpgrpo.config import RunConfig
+    from dpgrpo.errors import PrivacyError
+
+    def refuse(config, run_dir):
+        raise PrivacyError("the noise generator's truncated tails add 1e+23 to delta")
+
+    monkeypatch.setattr(study, "_train_once", refuse)
+    runs = [SimpleNamespace(arm="dp-grpo", config=RunConfig()),
+            SimpleNamespace(arm="zero-advantage", config=RunConfig())]
+    plan = SimpleNamespace(runs=runs, out_dir=tmp_path)
+    steps = study.Steps(lambda message: None, tmp_path / "steps.json")
+    row = study._sweep(plan, 128.0, steps)
+    assert row == {"epsilon": 128.0,
+                   "refused": "the noise generator's truncated tails add 1e+23 to delta"}
+    assert steps.rows == [] and not (tmp_path / "sweep" / "dp-grpo-eps128").exists()
+
+
+def test_steps_keep_the_time_of_the_run_that_did_the_work(tmp_path: Path) -> None:
+    from dpgrpo.study import Steps
+
+    record = tmp_path / "steps.json"
+    first = Steps(lambda message: None, record)
+    first.run("train", lambda: sum(range(3_000_000)))
+    done = first.rows[0]["seconds"]
+    again = Steps(lambda message: None, record)       # a resumed study: the step is skipped
+    again.run("train", lambda: None)
+    assert [r["step"] for r in again.rows] == ["train"] and again.rows[0]["seconds"] == done
+    assert json.loads(record.read_text())[0]["seconds"] == done and again.wall == done

@@ -43,7 +43,7 @@ from statistics import NormalDist
 from typing import Any, Callable, Mapping
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.runtime import PeakRSS
 
 Say = Callable[[str], None]
@@ -204,7 +204,10 @@ def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
     control = next(r for r in plan.runs if r.arm == "zero-advantage")
     cfg = apply_overrides(base.config, ["privacy.noise_multiplier=none", f"privacy.epsilon={eps}"])
     run_dir = plan.out_dir / "sweep" / f"dp-grpo-eps{eps:g}"
-    cert = steps.run(f"sweep eps={eps:g}: train", lambda: _train_once(cfg, run_dir))
+    try:
+        cert = steps.run(f"sweep eps={eps:g}: train", lambda: _train_once(cfg, run_dir))
+    except PrivacyError as err:  # e.g. the noise-tail gate: this epsilon cannot be certified
+        return {"epsilon": eps, "refused": str(err)}
     if not eval_complete(run_dir / "eval", plan.n_eval):
         steps.run(f"sweep eps={eps:g}: evaluate", lambda: evaluate(
             plan, run_dir / "eval", adapter=run_dir / "release", arm=f"dp-grpo-eps{eps:g}",
@@ -297,8 +300,8 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "canary_eps_lower_bound": canary["empirical_epsilon_lower_bound"],
         "certified_eps": canary["certified_epsilon"],
         "dp_grpo_certified_eps": cert["epsilon"],
-        "sweep": [{k: s[k] for k in ("epsilon", "dp_vs_control_pp", "dp_vs_control_ci", "mde")}
-                  for s in results["sweep"]],
+        "sweep": [{k: s[k] for k in ("epsilon", "dp_vs_control_pp", "dp_vs_control_ci", "mde",
+                                     "refused") if k in s} for s in results["sweep"]],
         "wall_seconds": round(wall, 1),
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results["steps"]),
     }

@@ -98,7 +98,9 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         lines += ["", "## Epsilon sweep (DP-GRPO vs the same control)", "",
                   "| epsilon | sigma | noise/signal | DP-GRPO acc. (%) | vs control (pp) | 95% CI "
                   "| MDE |", "| ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
-        lines += [f"| {w['epsilon']:.1f} | {w['sigma']:.4f} | {w['noise_to_signal']:.1f} | "
+        lines += [f"| {w['epsilon']:.1f} | refused before any round: {w['refused']} "
+                  "| | | | | |" if "refused" in w else
+                  f"| {w['epsilon']:.1f} | {w['sigma']:.4f} | {w['noise_to_signal']:.1f} | "
                   f"{w['accuracy']:.1f} | {_pp(w['dp_vs_control_pp'])} | "
                   f"{_ci(w['dp_vs_control_ci'])} | {w['mde']:.1f} |" for w in results["sweep"]]
     lines += ["", "## Audits", "", _audit_table(results), "",
