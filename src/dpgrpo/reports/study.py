@@ -87,9 +87,11 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         "## Contrasts (strict, paired bootstrap 95% CI, Holm-adjusted exact McNemar)", "",
         "| contrast | pp | 95% CI | MDE | Holm p |", "| --- | ---: | --- | ---: | ---: |",
     ]
+    shown = set()
     for row in results["report"]["contrasts"] + results["report"]["versus_base"]:
-        if row["scorer"] != "strict":
-            continue
+        if row["scorer"] != "strict" or (row["arm"], row["comparator"]) in shown:
+            continue                          # dp-grpo - base is in both lists
+        shown.add((row["arm"], row["comparator"]))
         holm = [p for p in row.get("holm_p") or [] if p is not None]
         mde = "" if row.get("mde") is None else f"{row['mde']:.1f}"
         lines.append(f"| {row['arm']} - {row['comparator']} | {_pp(row['difference'])} | "
