@@ -106,15 +106,15 @@ def exact_rmsnorm(model) -> None:
             module.forward = types.MethodType(forward, module)
 
 
-def tiny_fp64_policy(*, seed: int = 7, lora_scale: float = 0.2):
-    """(peft model, tokenizer): a float64 tiny Llama with a nonzero LoRA adapter, dropout off."""
+def _tiny_policy(tok, dtype: str, seed: int, lora_scale: float):
+    """A tiny Llama of ``dtype`` with a seeded LoRA adapter whose B is nonzero, dropout off."""
     import torch
 
     from dpgrpo.model import LoraSettings, attach_lora
 
-    tok = build_tiny_tokenizer()
-    base = build_tiny_model(tok, dtype="float64")
-    exact_rmsnorm(base)
+    base = build_tiny_model(tok, dtype=dtype)
+    if dtype == "float64":
+        exact_rmsnorm(base)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)                      # LoRA's A initialization
         model = attach_lora(base, LoraSettings(dropout=0.0))
@@ -123,26 +123,19 @@ def tiny_fp64_policy(*, seed: int = 7, lora_scale: float = 0.2):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * lora_scale)
-    return model.eval(), tok
+    return model.eval()
+
+
+def tiny_fp64_policy(*, seed: int = 7, lora_scale: float = 0.2):
+    """(peft model, tokenizer): a float64 tiny Llama with a nonzero LoRA adapter, dropout off."""
+    tok = build_tiny_tokenizer()
+    return _tiny_policy(tok, "float64", seed, lora_scale), tok
 
 
 def tiny_fp32_policy(tok, *, seed: int = 11, lora_scale: float = 0.2):
     """A float32 tiny Llama with a nonzero LoRA adapter, dropout off, in eval mode: fp32
     rounding shows any coupling between batch-mates that fp64 would hide."""
-    import torch
-
-    from dpgrpo.model import LoraSettings, attach_lora
-
-    base = build_tiny_model(tok, dtype="float32")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)                      # LoRA's A initialization
-        model = attach_lora(base, LoraSettings(dropout=0.0))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * lora_scale)
-    return model.eval()
+    return _tiny_policy(tok, "float32", seed, lora_scale)
 
 
 def synthetic_rollouts(tok, num_prompts: int, group: int, *, seed: int = 0, cap: int = 7):
