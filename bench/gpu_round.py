@@ -78,11 +78,14 @@ class Phases:
 
 def rollouts(model: Any, prompts: int, group: int, cap: int, prompt_len: int, rows_per_call: int,
              temperature: float, vocab: int, eos: int, pad: int, device: str,
-             synthetic: bool = False) -> Any:
+             synthetic: bool = False, engine: str = "dpgrpo", check_every: int | None = None,
+             static: bool = False) -> Any:
     """G completions per prompt of exactly ``cap`` tokens (EOS suppressed), in row batches.
 
-    ``synthetic`` draws the completion tokens at random instead of generating them: the later
-    phases depend only on the shapes, so this times them without the generation's minutes.
+    ``engine``: ``dpgrpo`` (the transformers engine's decoder, :func:`dpgrpo.rollout.decode`,
+    with per-row coins) or ``hf-generate`` (``model.generate``). ``synthetic`` draws the
+    completion tokens at random instead of generating them: the later phases depend only on
+    the shapes, so this times them without the generation's minutes.
     """
     from transformers import GenerationConfig
 
@@ -104,8 +107,12 @@ def rollouts(model: Any, prompts: int, group: int, cap: int, prompt_len: int, ro
     pieces = []
     if synthetic:
         pieces.append(torch.randint(3, min(vocab, 100_000), (pids.shape[0], cap), generator=gen))
+    elif engine == "dpgrpo":
+        pieces.append(_engine_rollouts(model, lengths, pids[::group], group, cap, rows_per_call,
+                                       temperature, pad, check_every, static))
     with torch.no_grad():
-        for s in range(0, 0 if synthetic else pids.shape[0], rows_per_call):
+        for s in range(0, 0 if synthetic or engine == "dpgrpo" else pids.shape[0],
+                       rows_per_call):
             torch.manual_seed(s)
             out = model.generate(input_ids=pids[s:s + rows_per_call].to(device),
                                  attention_mask=pmask[s:s + rows_per_call].to(device),
@@ -120,6 +127,30 @@ def rollouts(model: Any, prompts: int, group: int, cap: int, prompt_len: int, ro
                         torch.cat([torch.zeros_like(pmask), cmask], 1),
                         torch.full((n,), comp.shape[1]), torch.ones(n, dtype=torch.bool),
                         group, prompts)
+
+
+def _engine_rollouts(model: Any, lengths: torch.Tensor, pids: torch.Tensor, group: int,
+                     cap: int, rows_per_call: int, temperature: float, pad: int,
+                     check_every: int | None, static: bool) -> torch.Tensor:
+    """``(prompts * group, cap)`` tokens from dpgrpo's decoder, whole groups per call, no stop
+    token (every row runs to the cap, as ``min_new_tokens`` forces for ``generate``)."""
+    from dpgrpo.rollout.decode import decode
+    from dpgrpo.rollout.sampling import SamplerSettings, row_coins
+
+    width = pids.shape[1]
+    prompts = [row[width - n:].tolist() for row, n in zip(pids, lengths.tolist())]
+    coins = row_coins(list(range(len(prompts))), group, cap)
+    per_call = max(1, rows_per_call // group)
+    out = []
+    with torch.inference_mode():
+        for start in range(0, len(prompts), per_call):
+            chunk = prompts[start:start + per_call]
+            rows = [i for i in range(len(chunk)) for _ in range(group)]
+            sl = slice(start * group, (start + len(chunk)) * group)
+            out.append(decode(model, chunk, rows, coins[sl],
+                              sampler=SamplerSettings(temperature), max_new_tokens=cap, stop=[],
+                              pad_id=pad, check_every=check_every, static=static).cpu())
+    return torch.cat(out)
 
 
 def main() -> None:
@@ -141,8 +172,22 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=0.05536)
     parser.add_argument("--synthetic-rollouts", action="store_true",
                         help="random completion tokens instead of generation (times the rest)")
+    parser.add_argument("--engine", default="dpgrpo", choices=["dpgrpo", "hf-generate"],
+                        help="rollout decoder: dpgrpo's transformers engine or model.generate")
+    parser.add_argument("--check-every", type=int, default=None,
+                        help="decoder steps between reads of the live-row count")
+    parser.add_argument("--no-grouped-attention", action="store_true",
+                        help="decode with transformers' own sdpa path (repeat_kv)")
+    parser.add_argument("--static", action="store_true",
+                        help="constant-shape decoding steps replayed as a CUDA graph")
+    parser.add_argument("--rollouts-only", action="store_true", help="stop after the rollouts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.no_grouped_attention:
+        import contextlib
+
+        import dpgrpo.rollout.decode as decode_module
+        decode_module.grouped_decoding = lambda model: contextlib.nullcontext(False)
 
     from dpgrpo.config import TrainConfig
     from dpgrpo.grads import per_prompt_grads
@@ -164,7 +209,17 @@ def main() -> None:
     cfg = base.config
     ro = phases.run("rollouts", lambda: rollouts(
         model, args.prompts, args.group, args.cap, args.prompt_len, args.rollout_rows, 0.7,
-        cfg.vocab_size, int(cfg.eos_token_id), 0, args.device, args.synthetic_rollouts))
+        cfg.vocab_size, int(cfg.eos_token_id), 0, args.device, args.synthetic_rollouts,
+        args.engine, args.check_every, args.static))
+    rollout_info = {"engine": args.engine, "check_every": args.check_every, "static": args.static,
+                    "grouped_attention": not args.no_grouped_attention,
+                    "rollout_ms_per_step": 1e3 * phases.seconds["rollouts"] / args.cap * min(
+                        1.0, args.rollout_rows / (args.prompts * args.group))}
+    if args.rollouts_only:
+        print(json.dumps({**rollout_info, "rows": args.prompts * args.group, "cap": args.cap,
+                          "rollout_rows_per_call": args.rollout_rows,
+                          "seconds": phases.seconds, "peak_memory": phases.peak}))
+        return
     rewards = torch.randint(0, 2, (args.prompts, args.group),
                             generator=torch.Generator().manual_seed(2)).float()
     ro_dev = phases.run("to_device", lambda: type(ro)(
@@ -196,7 +251,7 @@ def main() -> None:
         "row_length": int(ro.input_ids.shape[1]), "tokens": int(ro.attention_mask.sum()),
         "rollout_rows_per_call": args.rollout_rows, "rows_per_pass": rows,
         "grad_method": args.grad_method, "gradient_checkpointing": args.checkpointing,
-        "synthetic_rollouts": args.synthetic_rollouts,
+        "synthetic_rollouts": args.synthetic_rollouts, **rollout_info,
         "lora_params": sum(p.numel() for p in params.values()),
         "seconds": phases.seconds, "round_seconds": sum(phases.seconds[k] for k in train_phases),
         "peak_memory": phases.peak,

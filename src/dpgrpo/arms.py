@@ -45,7 +45,7 @@ class Arm:
                 cfg.train.rollout_engine, self.run.model, self.run.policy.tokenizer,
                 isolated=cfg.train.rollout_isolation == "isolated",
                 rows_per_call=cfg.train.rollout_rows(self.cap), model_name=cfg.model.name,
-                dtype=cfg.model.dtype)
+                dtype=cfg.model.dtype, **cfg.train.engine_options())
         return self._engine
 
     @property

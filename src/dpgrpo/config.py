@@ -141,6 +141,9 @@ class TrainConfig:
     max_tokens_per_pass: int = 512
     rollout_isolation: str = "batched"  # or "isolated": one generate call per prompt
     rollout_engine: str = "transformers"  # or "vllm" (GPU; pip install 'dpgrpo[vllm]')
+    # transformers engine on CUDA: constant-shape decoding steps replayed as a CUDA graph
+    # (dpgrpo.rollout.graphs; checked against the eager step at every capture)
+    cuda_graphs: bool = True
     # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
     # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
     bound_memory: bool = True
@@ -154,6 +157,10 @@ class TrainConfig:
         if self.chunk_size is not None:
             return self.chunk_size
         return max(1, self.max_tokens_per_pass // max(1, cap))
+
+    def engine_options(self) -> dict[str, object]:
+        """Options of ``rollout_engine`` taken from this table."""
+        return {"cuda_graphs": self.cuda_graphs} if self.rollout_engine == "transformers" else {}
 
     def rollout_rows(self, cap: int) -> int:
         """Rows per generate call: ``rollout_batch_size`` if set, else 16 passes' worth, in

@@ -92,7 +92,7 @@ def test_preallocated_cache_matches_dynamic_cache(policy, monkeypatch):
     model, tok = policy
     kw = dict(group_size=3, temperature=0.9, max_new_tokens=8, seeds=[1, 2, 3])
     fast = generate(model, tok, MSGS, **kw)
-    monkeypatch.setattr(decode_module, "new_cache", lambda model, capacity: DynamicCache())
+    monkeypatch.setattr(decode_module, "new_cache", lambda model, capacity, layer=None: DynamicCache())
     plain = generate(model, tok, MSGS, **kw)
     assert torch.equal(fast.input_ids, plain.input_ids)
 
@@ -236,3 +236,116 @@ def test_engine_names_and_statements(policy):
     assert "A2 gap" in isolation_statement("transformers", "batched")
     assert "A2 gap" in isolation_statement("vllm", "batched")
     assert "prefix caching off" in isolation_statement("vllm", "isolated")
+
+
+def test_grouped_decode_attention_equals_repeated_heads():
+    """One query token per row: grouping the query heads over their shared key/value head gives
+    transformers' repeat_kv + sdpa result (fp64), with a padding mask and without."""
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from dpgrpo.rollout.attention import grouped_decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 6, 1, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(3, 2, 7, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = torch.zeros(3, 1, 1, 7, dtype=torch.float64)
+    mask[0, ..., :3] = torch.finfo(torch.float64).min                # left padding of row 0
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    for m in (mask, None):
+        out, _ = grouped_decode_attention(module, q, k, v, m, scaling=0.3)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q, repeat_kv(k, 3), repeat_kv(v, 3), attn_mask=m, scale=0.3).transpose(1, 2)
+        assert out.shape == (3, 1, 6, 8)
+        torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    masked = grouped_decode_attention(module, q, k.clone().index_fill_(2, torch.tensor([0]), 9.0),
+                                      v, mask, scaling=0.3)[0]
+    assert torch.equal(masked[0], grouped_decode_attention(module, q, k, v, mask,
+                                                           scaling=0.3)[0][0])  # pad unseen
+
+
+def test_decoding_steps_use_grouped_attention(policy, monkeypatch):
+    """The tiny model has 4 query heads over 2 key/value heads: its decoding steps go through the
+    grouped function (and the prefill does not), with the same samples as without it."""
+    from dpgrpo.rollout import attention
+
+    model, tok = policy
+    kw = dict(group_size=3, temperature=1.0, max_new_tokens=6, seeds=[1, 2, 3])
+    calls = []
+    original = attention.grouped_decode_attention
+
+    def spy(module, query, *args, **kwargs):  # noqa: ANN001
+        calls.append(query.shape[2])
+        return original(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "grouped_decode_attention", spy)
+    monkeypatch.setattr(attention, "_REGISTERED", False)      # re-register the spy
+    grouped = generate(model, tok, MSGS, **kw)
+    assert calls and set(calls[-5:]) == {1} and max(calls) > 1   # prefill falls through
+    assert model.get_base_model().config._attn_implementation == "sdpa"   # restored after
+    monkeypatch.setattr(decode_module, "grouped_decoding",
+                        lambda m: contextlib.nullcontext(False))
+    plain = generate(model, tok, MSGS, **kw)
+    assert torch.equal(grouped.input_ids, plain.input_ids)
+    monkeypatch.undo()
+    attention._REGISTERED = False                                 # re-register the original
+
+
+def test_reading_the_live_count_every_k_steps_changes_nothing(policy, monkeypatch):
+    """Rows that finish between two reads of the live count only produce padding."""
+    model, tok = policy
+    kw = dict(group_size=4, temperature=1.0, max_new_tokens=12, seeds=[7, 8, 9])
+    runs = []
+    original = decode_module.decode
+    with _stop_after(model, tok, 4):
+        for every in (1, 5):
+            monkeypatch.setattr(decode_module, "decode",
+                                lambda *a, every=every, **k: original(*a, check_every=every, **k))
+            import dpgrpo.rollout.transformers_engine as te
+            monkeypatch.setattr(te, "decode", decode_module.decode)
+            runs.append(generate(model, tok, MSGS, **kw))
+    assert torch.equal(runs[0].input_ids, runs[1].input_ids)
+    assert len(set(runs[0].completion_lengths.tolist())) > 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_static_steps_equal_dynamic_steps(policy, monkeypatch, temperature):
+    """The constant-shape step (the one a CUDA graph replays; eager here) writes each key/value
+    at the device-held column and opens it in the mask: the same samples as the growing cache,
+    for left-padded prompts whose rows stop at different steps."""
+    import dpgrpo.rollout.transformers_engine as te
+
+    model, tok = policy
+    kw = dict(group_size=3, temperature=temperature, max_new_tokens=10, seeds=[4, 5, 6])
+    original, runs, layers = decode_module.decode, [], []
+    spy_new_cache = decode_module.new_cache
+
+    def recording_cache(*args, **kwargs):  # noqa: ANN001
+        cache = spy_new_cache(*args, **kwargs)
+        layers.append(type(cache.layers[0]).__name__)
+        return cache
+
+    monkeypatch.setattr(decode_module, "new_cache", recording_cache)
+    with _stop_after(model, tok, 4):
+        for static in (False, True):
+            monkeypatch.setattr(te, "decode", lambda *a, static=None, forced=static, **k:
+                                original(*a, static=forced, check_every=3, **k))
+            runs.append(generate(model, tok, MSGS, **kw))
+    assert layers == ["PreallocatedLayer", "StaticLayer"]
+    assert torch.equal(runs[0].input_ids, runs[1].input_ids)
+    assert torch.equal(runs[0].completion_mask, runs[1].completion_mask)
+    assert len(set(runs[0].completion_lengths.tolist())) > 1
+
+
+def test_static_cache_columns_start_at_zero(policy):
+    """The constant-shape step attends over every column; unwritten ones must be zeros (a
+    masked column has weight 0, but 0 * NaN from stale memory is NaN)."""
+    model, tok = policy
+    layer = decode_module.StaticLayer(12)
+    k = torch.randn(2, 2, 5, 4, dtype=torch.float64)
+    layer.update(k, k.clone())
+    layer.batch_select_indices(torch.tensor([0, 0, 1]))
+    assert layer._k.shape == (3, 2, 12, 4)
+    assert torch.equal(layer._k[:, :, 5:], torch.zeros(3, 2, 7, 4, dtype=torch.float64))
+    assert torch.equal(layer._k[:, :, :5], k[[0, 0, 1]])

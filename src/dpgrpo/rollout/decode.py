@@ -9,19 +9,27 @@ live row per step:
 * rows that finished are dropped from the batch once they are an eighth of it (their cache
   rows are compacted away), so a step costs what the live rows need;
 * generation stops when every row has finished, or at the cap;
-* tokens come from :func:`dpgrpo.rollout.sampling.next_tokens` with each row's own coins.
+* tokens come from :func:`dpgrpo.rollout.sampling.next_tokens` with each row's own coins;
+* on an accelerator the host reads how many rows are live only every ``check_every`` steps
+  (default :data:`CHECK_EVERY`), so the device is not drained by a synchronisation per step;
+  finished rows in between produce padding, as they do in any step before compaction;
+* grouped-query models decode through :mod:`dpgrpo.rollout.attention` (no ``repeat_kv``),
+  and on CUDA attention avoids the cuDNN backend, which re-plans for every new length.
 
 Shapes never need to be fixed ahead of time, so nothing is compiled or recompiled per round.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
 import torch
 
+from dpgrpo.rollout.attention import grouped_decoding
 from dpgrpo.rollout.batch import left_pad
+from dpgrpo.rollout.graphs import StaticStep, capture, make_static_layer
 from dpgrpo.rollout.sampling import SamplerSettings, next_tokens
 
 try:  # transformers >= 5: per-layer caches
@@ -32,6 +40,10 @@ except ImportError:  # pragma: no cover - older transformers: plain DynamicCache
 
 #: compact the batch once this fraction (1/COMPACT) of its rows has finished
 COMPACT = 8
+#: steps between the host's reads of the live-row count on an accelerator (1 on the CPU)
+CHECK_EVERY = 16
+#: decode with constant shapes, replayed as a CUDA graph, by default on CUDA
+STATIC_ON_CUDA = True
 
 
 if DynamicLayer is not None:
@@ -101,9 +113,13 @@ if DynamicLayer is not None:
             super().reset()
 
 
-def new_cache(model: Any, capacity: int) -> Any:
+StaticLayer = make_static_layer(PreallocatedLayer) if DynamicLayer is not None else type(None)
+
+
+def new_cache(model: Any, capacity: int, layer: type | None = None) -> Any:
     """A cache for ``model`` whose full-attention layers are preallocated for ``capacity``
-    positions (other layer kinds, e.g. sliding windows, keep their own transformers class)."""
+    positions, as ``layer`` (default :class:`PreallocatedLayer`); other layer kinds, e.g.
+    sliding windows, keep their own transformers class."""
     config = _base(model).config
     try:
         cache = DynamicCache(config=config)
@@ -112,8 +128,8 @@ def new_cache(model: Any, capacity: int) -> Any:
     layers = getattr(cache, "layers", None)
     if DynamicLayer is None or not layers:
         return cache
-    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer
-                    for layer in layers]
+    kind = layer or PreallocatedLayer
+    cache.layers = [kind(capacity) if type(one) is DynamicLayer else one for one in layers]
     return cache
 
 
@@ -127,42 +143,103 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _decoding_kernels(device: torch.device) -> Any:
+    """On CUDA, attention without the cuDNN backend: its kernels are fast, but each new key
+    length (every step) costs about 1.7 ms of host time to plan (measured on an H200, PyTorch
+    2.11: half of a 95 ms decoding step of Qwen2.5-1.5B); the flash and memory-efficient
+    kernels need no plan."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = [getattr(SDPBackend, n) for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+                if hasattr(SDPBackend, n)]
+    return sdpa_kernel(backends)
+
+
 def decode(model: Any, prompts: list[list[int]], row_prompt: list[int],
            coins: torch.Tensor | None, *, sampler: SamplerSettings, max_new_tokens: int,
-           stop: list[int], pad_id: int) -> torch.Tensor:
+           stop: list[int], pad_id: int, check_every: int | None = None,
+           static: bool | None = None) -> torch.Tensor:
     """``(R, max_new_tokens)`` generated tokens of ``R = len(row_prompt)`` rows (row ``r``
     continues ``prompts[row_prompt[r]]``); after a row's first stop token, ``pad_id``.
 
-    ``coins`` is ``(R, max_new_tokens)`` (None when greedy). Call under ``torch.inference_mode``
-    with the model in eval mode.
+    ``coins`` is ``(R, max_new_tokens)`` (None when greedy). ``check_every``: steps between
+    reads of the live-row count (default 1 on the CPU, :data:`CHECK_EVERY` elsewhere).
+    ``static``: decode with constant shapes (:mod:`dpgrpo.rollout.graphs`), replayed as a CUDA
+    graph on CUDA; default :data:`STATIC_ON_CUDA` on CUDA, off elsewhere. Call under
+    ``torch.inference_mode`` with the model in eval mode.
     """
     device = next(model.parameters()).device
-    n_rows, width = len(row_prompt), max(len(p) for p in prompts)
+    if check_every is None:
+        check_every = 1 if device.type == "cpu" else CHECK_EVERY
+    if static is None:
+        static = STATIC_ON_CUDA and device.type == "cuda"
+    with grouped_decoding(model), _decoding_kernels(device):
+        cache, logits, state = _prefill(model, device, prompts, row_prompt, pad_id,
+                                        max_new_tokens, static)
+        run = _decode_static if static and _all_static(cache) else _decode_dynamic
+        return run(model, device, cache, logits, state, prompts, row_prompt, coins, sampler,
+                   max_new_tokens, stop, pad_id, max(1, int(check_every)))
+
+
+def _all_static(cache: Any) -> bool:
+    return bool(getattr(cache, "layers", None)) and all(
+        isinstance(layer, StaticLayer) for layer in cache.layers)
+
+
+def _prefill(model: Any, device: torch.device, prompts: list[list[int]], row_prompt: list[int],
+             pad_id: int, max_new_tokens: int, static: bool) -> tuple[Any, torch.Tensor, Any]:
+    """Prefill each distinct prompt once and give every row its prompt's cache; returns the
+    cache, the rows' first logits ``(R, V)`` and ``(index, prompt mask, next positions)``."""
+    width = max(len(p) for p in prompts)
     ids, mask = left_pad(prompts, pad_id)                                       # (B, P)
     padded = bool((mask == 0).any())
     positions = (mask.cumsum(1) - 1).clamp(min=0)
-    cache, key = new_cache(model, width + max_new_tokens), cache_keyword(model)
+    cache = new_cache(model, width + max_new_tokens,
+                      StaticLayer if static and DynamicLayer is not None else None)
     out = model(input_ids=ids.to(device), attention_mask=mask.to(device) if padded else None,
                 position_ids=positions.to(device), use_cache=True, logits_to_keep=1,
-                **{key: cache})
+                **{cache_keyword(model): cache})
     index = torch.tensor(row_prompt, device=device)
     logits = out.logits[:, -1][index]                                            # (R, V)
     if row_prompt != list(range(len(prompts))):
         cache.batch_select_indices(index)                 # each row gets its prompt's cache
+    mask = mask.to(device)[index]                                                # (R, P)
+    return cache, logits, (mask, mask.sum(1))
 
+
+def _seen(prompts: list[list[int]], row_prompt: list[int], vocab: int, sampler: SamplerSettings,
+          device: torch.device) -> torch.Tensor | None:
+    """``(R, V)`` tokens already in each row (its prompt), for the repetition penalty."""
+    if sampler.repetition_penalty == 1.0:
+        return None
+    seen = torch.zeros((len(prompts), vocab), dtype=torch.bool, device=device)
+    for b, prompt in enumerate(prompts):                 # the prompt's own tokens, no padding
+        seen[b, torch.tensor(prompt, device=device)] = True
+    return seen[torch.tensor(row_prompt, device=device)]
+
+
+def _model_dtype(model: Any) -> torch.dtype:
+    return next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
+def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
+                    state: Any, prompts: list[list[int]], row_prompt: list[int],
+                    coins: torch.Tensor | None, sampler: SamplerSettings, max_new_tokens: int,
+                    stop: list[int], pad_id: int, check_every: int) -> torch.Tensor:
+    """Growing views of the cache; finished rows dropped (see the module docstring)."""
+    prompt_mask, pos = state
+    n_rows, width = prompt_mask.shape
+    key = cache_keyword(model)
     rows = torch.arange(n_rows, device=device)             # the batch's rows, live or not
     live = torch.ones(n_rows, dtype=torch.bool, device=device)
-    pos = mask.sum(1).to(device)[index]                    # next position id of each row
-    attn = None
-    if padded:
-        attn = torch.ones((n_rows, width + max_new_tokens), dtype=torch.long, device=device)
-        attn[:, :width] = mask.to(device)[index]
-    seen = None
-    if sampler.repetition_penalty != 1.0:
-        seen = torch.zeros((len(prompts), logits.shape[-1]), dtype=torch.bool, device=device)
-        for b, prompt in enumerate(prompts):             # the prompt's own tokens, no padding
-            seen[b, torch.tensor(prompt, device=device)] = True
-        seen = seen[index]
+    attn = None           # (R, 1, 1, width + cap) additive mask: 0 to attend, dtype min not
+    if bool((prompt_mask == 0).any()):    # passed 4-D, so transformers uses it as is (no sync)
+        dtype = _model_dtype(model)
+        attn = torch.zeros((n_rows, 1, 1, width + max_new_tokens), dtype=dtype, device=device)
+        attn[:, 0, 0, :width].masked_fill_(prompt_mask == 0, torch.finfo(dtype).min)
+    seen = _seen(prompts, row_prompt, logits.shape[-1], sampler, device)
     coins = coins.to(device) if coins is not None else None
     stop_t = torch.tensor(stop, device=device)
     generated = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -171,11 +248,13 @@ def decode(model: Any, prompts: list[list[int]], row_prompt: list[int],
         tok = torch.where(live, tok, pad_id)
         generated[rows, step] = tok
         live &= ~torch.isin(tok, stop_t)
-        n_live = int(live.sum())
-        if n_live == 0 or step + 1 == max_new_tokens:
+        if step + 1 == max_new_tokens:
             break
         if seen is not None:
             seen[torch.arange(len(rows), device=device), tok] = True
+        n_live = int(live.sum()) if (step + 1) % check_every == 0 else len(rows)
+        if n_live == 0:
+            break
         if (len(rows) - n_live) * COMPACT >= len(rows):    # drop finished rows
             keep = live.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
@@ -183,10 +262,48 @@ def decode(model: Any, prompts: list[list[int]], row_prompt: list[int],
             attn = attn[keep] if attn is not None else None
             seen = seen[keep] if seen is not None else None
         logits = model(input_ids=tok[:, None], position_ids=pos[:, None],
-                       attention_mask=attn[:, :width + step + 1] if attn is not None else None,
+                       attention_mask=attn[..., :width + step + 1] if attn is not None else None,
                        use_cache=True, **{key: cache}).logits[:, -1]
         pos = pos + 1
     return generated
 
 
-__all__ = ["COMPACT", "cache_keyword", "decode", "new_cache"]
+def _decode_static(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
+                   state: Any, prompts: list[list[int]], row_prompt: list[int],
+                   coins: torch.Tensor | None, sampler: SamplerSettings, max_new_tokens: int,
+                   stop: list[int], pad_id: int, check_every: int) -> torch.Tensor:
+    """Constant shapes, every row to the end of the call (:mod:`dpgrpo.rollout.graphs`)."""
+    prompt_mask, pos = state
+    n_rows, width = prompt_mask.shape
+    key = cache_keyword(model)
+
+    def forward(tokens: torch.Tensor, position: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=tokens, position_ids=position, attention_mask=mask,
+                     use_cache=True, **{key: cache}).logits[:, -1]
+
+    step_fn = StaticStep(forward, cache.layers, prompt_mask, pos, width + max_new_tokens,
+                         _model_dtype(model))
+    advance = capture(step_fn) if device.type == "cuda" and max_new_tokens > 1 else step_fn
+    seen = _seen(prompts, row_prompt, logits.shape[-1], sampler, device)
+    coins = coins.to(device) if coins is not None else None
+    stop_t = torch.tensor(stop, device=device)
+    live = torch.ones(n_rows, dtype=torch.bool, device=device)
+    generated = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    for step in range(max_new_tokens):
+        tok = next_tokens(logits, None if coins is None else coins[:, step], sampler, seen)
+        tok = torch.where(live, tok, pad_id)
+        generated[:, step] = tok
+        live &= ~torch.isin(tok, stop_t)
+        if step + 1 == max_new_tokens:
+            break
+        if seen is not None:
+            seen[torch.arange(n_rows, device=device), tok] = True
+        if (step + 1) % check_every == 0 and not bool(live.any()):
+            break
+        step_fn.tokens.copy_(tok[:, None])
+        logits = advance()
+    return generated
+
+
+__all__ = ["CHECK_EVERY", "COMPACT", "STATIC_ON_CUDA", "StaticLayer", "cache_keyword", "decode",
+           "new_cache"]

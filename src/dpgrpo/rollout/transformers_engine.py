@@ -63,10 +63,11 @@ class TransformersEngine:
     name = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any, *, isolated: bool = False,
-                 rows_per_call: int | None = None) -> None:
+                 rows_per_call: int | None = None, cuda_graphs: bool = True) -> None:
         check_request(1, 1, rows_per_call)
         self.model, self.tokenizer = model, tokenizer
         self.isolated, self.rows_per_call = isolated, rows_per_call
+        self.cuda_graphs = cuda_graphs       # constant-shape steps replayed as a graph (CUDA)
 
     @property
     def isolation(self) -> str:
@@ -89,6 +90,7 @@ class TransformersEngine:
         generated = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, T)
         calls = plan_calls([len(p) for p in prompts], group_size, self.rows_per_call,
                            self.isolated)
+        device = next(self.model.parameters()).device
         with _policy_mode(self.model, use_adapter):
             for rows in calls:
                 owners = sorted({r // group_size for r in rows})
@@ -97,7 +99,8 @@ class TransformersEngine:
                     self.model, [prompts[p] for p in owners],
                     [local[r // group_size] for r in rows],
                     None if coins is None else coins[rows], sampler=sampler,
-                    max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id).cpu()
+                    max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
+                    static=self.cuda_graphs and device.type == "cuda").cpu()
         prompt_ids, prompt_mask = left_pad(prompts, pad_id)
         return assemble(self.tokenizer, prompt_ids.repeat_interleave(group_size, 0),
                         prompt_mask.repeat_interleave(group_size, 0), generated, stop, pad_id,

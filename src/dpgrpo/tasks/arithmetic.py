@@ -188,3 +188,11 @@ ARITHMETIC_HARD = register_task(replace(
     splits={s: _loader(s, 4, DEFAULT_SIZES) for s in DEFAULT_SIZES},
     description="embedded arithmetic word problems, level 4: all four operations, half of them "
                 "two-step (generated from a public seed)"))
+
+#: the other levels by number: ``arithmetic-2`` (add and subtract up to 10), ``arithmetic-3``
+#: (up to 20), ``arithmetic-5`` (two-step up to 50); level 1 is ``arithmetic``, 4 is ``-hard``
+ARITHMETIC_LEVELS = {level: register_task(replace(
+    ARITHMETIC, name=f"arithmetic-{level}",
+    splits={s: _loader(s, level, DEFAULT_SIZES) for s in DEFAULT_SIZES},
+    description=f"embedded arithmetic word problems, level {level} (generated from a public "
+                "seed)")) for level in (2, 3, 5)}
