@@ -178,7 +178,7 @@ TAIL_PRESET = {"n": 6988, "steps": 50, "epsilon": 8.0, "coordinates": 4_616_192}
 
 
 @check("noise_tail_delta", tolerance=TAIL_FRACTION_OF_DELTA / (10 * TAIL_PRESET["n"]),
-       detail="(1 + e^eps) T * 4 draws * d * 2^-128, the truncated-tail term added to delta, for "
+       detail="(1 + e^eps) T * 4 draws * d * 2^-256, the truncated-tail term added to delta, for "
               "the MATH preset (d = 4,616,192, T = 50, eps = 8); tolerance 1% of its delta")
 def _tail_delta() -> float:
     t = TAIL_PRESET

@@ -71,13 +71,14 @@ def test_os_source_is_read_every_round_and_drives_that_round(monkeypatch):
 
 
 def test_known_answer_from_the_chacha20_keystream():
-    """5 coordinates: 3 Box-Muller pairs per draw, 4 draws (12 pairs: their a words, then b,
-    then c), summed and halved, in stream order."""
+    """5 coordinates: 3 Box-Muller pairs per draw, 4 draws (12 pairs: their first radius
+    words, then the second, third and fourth, then the angle words), summed and halved, in
+    stream order."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
     key = bytes(range(KEY_BYTES))
     stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
-    words = np.frombuffer(stream.update(bytes(8 * 3 * 3 * 4)), dtype="<u8").reshape(3, -1)
+    words = np.frombuffer(stream.update(bytes(8 * 5 * 3 * 4)), dtype="<u8").reshape(5, -1)
     expected = box_muller(words).reshape(4, 6).sum(dim=0)[:5] / 2.0
     assert torch.equal(_draw(key, 5), expected)
 
@@ -115,9 +116,8 @@ def test_tail_beyond_six_sigma_has_the_gaussian_shape():
     e^-18 exactly, since the top word is uniform), R^2 - 36 must be Exp(mean 2): memoryless."""
     rng = np.random.default_rng(0)  # test input words only; the generator is not involved
     m, top = 50_000, int(math.exp(-18.0) * 2.0 ** 64)
-    words = np.stack([rng.integers(0, top, m, dtype=np.uint64),
-                      rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True),
-                      rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True)])
+    words = np.stack([rng.integers(0, top, m, dtype=np.uint64)] + [
+        rng.integers(0, 2 ** 64 - 1, m, dtype=np.uint64, endpoint=True) for _ in range(4)])
     z = box_muller(words).reshape(2, m).numpy()
     r2 = (z ** 2).sum(axis=0)
     assert r2.min() > 36.0
@@ -125,11 +125,14 @@ def test_tail_beyond_six_sigma_has_the_gaussian_shape():
 
 
 def test_largest_reachable_draw_is_r_max():
-    extreme = box_muller(np.array([[0, 0], [0, 2 ** 64 - 1], [0, 0]], dtype=np.uint64)).tolist()
-    assert extreme[0] == pytest.approx(math.sqrt(2 * 128 * math.log(2)), rel=1e-12) == R_MAX
+    top = 2 ** 64 - 1
+    extreme = box_muller(np.array([[0, 0, 0], [0, top, 1], [0, top, 0], [0, top, 0], [0, 0, 0]],
+                                  dtype=np.uint64)).tolist()
+    assert extreme[0] == pytest.approx(math.sqrt(2 * 256 * math.log(2)), rel=1e-12) == R_MAX
     assert extreme[1] == pytest.approx(math.sqrt(2 * 64 * math.log(2)), rel=1e-9)
-    assert extreme[2:] == [0.0, 0.0]  # sines of angle 0
-    assert R_MAX > 13.3 and SECURE_DRAWS == 4
+    assert extreme[2] == pytest.approx(math.sqrt(2 * 128 * math.log(2)), rel=1e-9)
+    assert extreme[3:] == [0.0, 0.0, 0.0]  # sines of angle 0
+    assert R_MAX > 18.8 and SECURE_DRAWS == 4
 
 
 def test_seeded_mode_is_reproducible_resumable_and_not_releasable():
@@ -172,12 +175,22 @@ def test_tail_term_of_the_paper_presets_is_below_one_percent_of_delta(preset):
     delta = 1 / (10 * count.n)
     tail = noise_tail_delta(d, cfg.train.steps, cfg.privacy.epsilon)  # certified eps <= target
     assert count.source == "data.limit" and 0 < tail < 0.01 * delta
-    assert tail == pytest.approx((1 + math.exp(8.0)) * cfg.train.steps * 4 * d * 2.0 ** -128)
+    assert tail == pytest.approx((1 + math.exp(8.0)) * cfg.train.steps * 4 * d * 2.0 ** -256)
     check_noise_tail(tail, delta)
 
 
 def test_a_tail_term_above_one_percent_of_delta_is_refused():
-    assert noise_tail_delta(10, 5, 1.0) == pytest.approx((1 + math.e) * 200 * 2.0 ** -128)
+    assert noise_tail_delta(10, 5, 1.0) == pytest.approx((1 + math.e) * 200 * 2.0 ** -256)
     assert noise_tail_delta(0, 50, 8.0) == 0.0 and noise_tail_delta(10, 5, 1e4) == math.inf
     with pytest.raises(PrivacyError, match="1%"):
-        check_noise_tail(noise_tail_delta(10 ** 30, 10 ** 6, 8.0), 1e-5)
+        check_noise_tail(noise_tail_delta(10 ** 30, 10 ** 6, 200.0), 1e-5)
+
+
+def test_a_sweep_to_epsilon_128_is_certifiable():
+    """The CPU study's sweep (d = 19,584 LoRA coordinates, 12 rounds, delta = 1e-4): with
+    128-bit radii the tail term at epsilon 128 was 1.07e23 (refused); with 256-bit radii it is
+    3.2e-16, far below 1% of delta. Epsilon 200 stays refused."""
+    assert noise_tail_delta(19_584, 12, 128.0) == pytest.approx(3.156e-16, rel=1e-3)
+    check_noise_tail(noise_tail_delta(19_584, 12, 128.0), 1e-4)
+    with pytest.raises(PrivacyError):
+        check_noise_tail(noise_tail_delta(19_584, 12, 200.0), 1e-4)

@@ -8,23 +8,25 @@ How a round's noise is made:
    generator, which keeps only the low 32 bits of a seed, so 2^32 guesses recovered a round.)
 2. **Stream.** The key drives a ChaCha20 keystream (RFC 8439, OpenSSL through the
    ``cryptography`` package; nonce zero, a key is never reused).
-3. **Uniforms to normals, in fp64 on the CPU.** Each Box-Muller pair reads three 64-bit words:
-   a radius uniform ``u1 = (a * 2^64 + b + 1) / 2^128`` in ``(0, 1]`` (128 bits, so the
-   radius ``sqrt(-2 ln u1)`` reaches 13.32 standard deviations) and an angle uniform of 53 bits.
+3. **Uniforms to normals, in fp64 on the CPU.** Each Box-Muller pair reads five 64-bit words:
+   a radius uniform ``u1 = (w1 2^192 + w2 2^128 + w3 2^64 + w4 + 1) / 2^256`` in ``(0, 1]``
+   (256 bits, so the radius ``sqrt(-2 ln u1)`` reaches 18.84 standard deviations) and an angle
+   uniform of 53 bits. (128-bit radii, as before, left a truncated-tail term that made every
+   run above epsilon ~70 uncertifiable; see "Truncated tails".)
 4. **Sum of draws.** Every coordinate is ``(z_1 + z_2 + z_3 + z_4) / 2``, four independent
    Box-Muller outputs: exactly N(0, 1) in distribution. This is Opacus' ``secure_mode`` defence
    against floating-point attacks (Holohan and Braghin, 2021): a single sampler reaches only a
    sparse, uneven set of doubles, and an observer of an exact noisy double could test which
    un-noised value makes it reachable (Mironov, CCS 2012). Summing fills those gaps. It costs
    four times the stream: ``bench/noise.py`` measured 0.22 s of one CPU core per round for
-   the paper's 4.6M LoRA coordinates (3.5x torch's fp64 ``normal_``), against minutes of
-   rollouts per round. The noise is added to the fp64 clipped sum and only then divided by
+   the paper's 4.6M LoRA coordinates with 128-bit radii (3.5x torch's fp64 ``normal_``;
+   bench/README.md has the figure for 256-bit radii), against a minute of rollouts per round. The noise is added to the fp64 clipped sum and only then divided by
    q*n and cast (post-processing); on a GPU it is generated here, on the CPU, and transferred.
 
-Truncated tails. The largest reachable |draw| is ``R_MAX = sqrt(2 * 128 * ln 2)``; a pair is
-truncated exactly when the ideal radius uniform falls below 2^-128. Coupling every pair with the
+Truncated tails. The largest reachable |draw| is ``R_MAX = sqrt(2 * 256 * ln 2)``; a pair is
+truncated exactly when the ideal radius uniform falls below 2^-256. Coupling every pair with the
 ideal one, the whole run's noise differs from the ideal Gaussian's with probability at most
-``eta = rounds * SECURE_DRAWS * d * 2^-128`` (one pair per coordinate and draw, an overcount).
+``eta = rounds * SECURE_DRAWS * d * 2^-256`` (one pair per coordinate and draw, an overcount).
 A mechanism within total variation ``eta`` of an (eps, delta)-DP one is
 (eps, delta + (1 + e^eps) eta)-DP, so :func:`noise_tail_delta` returns ``(1 + e^eps) eta`` and
 the certificate adds it to the accountant's delta. The remaining gap, that each draw is a double
@@ -48,8 +50,10 @@ from dpgrpo.errors import PrivacyError
 
 KEY_BYTES = 32                 # 256-bit ChaCha20 key, fresh per round
 SECURE_DRAWS = 4               # Box-Muller draws summed per coordinate (Opacus secure_mode)
-RADIUS_BITS = 128              # resolution of the radius uniform
-R_MAX = math.sqrt(2.0 * RADIUS_BITS * math.log(2.0))   # largest reachable |draw|, 13.32
+RADIUS_WORDS = 4               # 64-bit words per radius uniform
+RADIUS_BITS = 64 * RADIUS_WORDS  # resolution of the radius uniform (256)
+R_MAX = math.sqrt(2.0 * RADIUS_BITS * math.log(2.0))   # largest reachable |draw|, 18.84
+PAIR_WORDS = RADIUS_WORDS + 1  # words per Box-Muller pair (radius, then angle)
 TAIL_FRACTION_OF_DELTA = 0.01  # a run refuses to start if the tail term exceeds this share
 GENERATOR = (f"ChaCha20 keystream (cryptography/OpenSSL), {8 * KEY_BYTES}-bit key from "
              f"os.urandom every round; fp64 Box-Muller with {RADIUS_BITS}-bit radius uniforms; "
@@ -67,16 +71,20 @@ def _fp64(words: np.ndarray) -> torch.Tensor:
 
 
 def box_muller(words: np.ndarray) -> torch.Tensor:
-    """Standard normals from ``(3, m)`` uint64 words: ``2m`` fp64 values (m cosines, m sines).
+    """Standard normals from ``(PAIR_WORDS, m)`` uint64 words: ``2m`` fp64 values (m cosines,
+    m sines).
 
-    Column ``(a, b, c)``: radius uniform ``a 2^-64 + b 2^-128 + 2^-128`` in ``(0, 1]``, angle
-    uniform ``(c >> 11) 2^-53`` in ``[0, 1)``. Bits to doubles in numpy; logarithm and
-    trigonometry in torch (vectorized and multi-threaded, about 4x numpy on one core).
+    Column ``(w1, w2, w3, w4, c)``: radius uniform ``(w1 + (w2 + (w3 + (w4 + 1) 2^-64) 2^-64)
+    2^-64) 2^-64`` in ``(0, 1]`` (exactly ``2^-256`` when every word is 0), angle uniform
+    ``(c >> 11) 2^-53`` in ``[0, 1)``. Bits to doubles in numpy; logarithm and trigonometry in
+    torch (vectorized and multi-threaded, about 4x numpy on one core).
     """
-    u1 = _fp64(words[0]).mul_(2.0 ** -64)
-    u1 += _fp64(words[1]).mul_(2.0 ** -128).add_(2.0 ** -128)
+    u1 = _fp64(words[RADIUS_WORDS - 1]).add_(1.0)
+    for i in range(RADIUS_WORDS - 2, -1, -1):          # Horner, least significant word first
+        u1.mul_(2.0 ** -64).add_(_fp64(words[i]))
+    u1.mul_(2.0 ** -64)
     radius = u1.log_().mul_(-2.0).sqrt_()
-    angle = _fp64(words[2] >> np.uint64(11)).mul_(2.0 * math.pi * 2.0 ** -53)
+    angle = _fp64(words[RADIUS_WORDS] >> np.uint64(11)).mul_(2.0 * math.pi * 2.0 ** -53)
     out = torch.empty((2, words.shape[1]), dtype=torch.float64)
     torch.cos(angle, out=out[0])
     torch.sin(angle, out=out[1])
@@ -102,7 +110,8 @@ class _Stream:
         for start in range(0, count, _CHUNK):
             c = min(_CHUNK, count - start)
             pairs = (c + 1) // 2
-            draws = box_muller(self.words(3 * SECURE_DRAWS * pairs).reshape(3, -1))
+            draws = box_muller(self.words(PAIR_WORDS * SECURE_DRAWS * pairs)
+                               .reshape(PAIR_WORDS, -1))
             out[start:start + c] = draws.reshape(SECURE_DRAWS, 2 * pairs).sum(dim=0)[:c]
         return out.div_(math.sqrt(SECURE_DRAWS))
 
@@ -114,7 +123,7 @@ def seeded_key(seed: int, round_index: int) -> bytes:
 
 
 def noise_tail_delta(coordinates: int, rounds: int, epsilon: float) -> float:
-    """``(1 + e^eps) * rounds * SECURE_DRAWS * d * 2^-128``: the truncated tails' share of delta.
+    """``(1 + e^eps) * rounds * SECURE_DRAWS * d * 2^-256``: the truncated tails' share of delta.
 
     ``coordinates`` is d, the public number of trainable coordinates; ``rounds`` every round
     that drew noise (replays included). See the module docstring for the coupling argument.
