@@ -89,3 +89,15 @@ def test_custom_arithmetic_task_sizes() -> None:
     assert all(p.solution.count("=") >= 2 for p in train)
     with pytest.raises(ConfigError, match="generated offline"):
         load_problems("arithmetic", "eval", source="hub")
+
+
+def test_every_arithmetic_level_is_a_registered_task() -> None:
+    """``arithmetic`` is level 1, ``arithmetic-hard`` level 4, ``arithmetic-N`` the others:
+    each name loads exactly that level's problems."""
+    names = {1: "arithmetic", 2: "arithmetic-2", 3: "arithmetic-3", 4: "arithmetic-hard",
+             5: "arithmetic-5"}
+    for level, name in names.items():
+        assert [p.question for p in load_problems(name, "train")[:20]] == [
+            p.question for p in generate_problems("train", 20, difficulty=level)]
+        evals = load_problems(name, "eval")
+        assert len(evals) == 200 and evals[0].id == "arith-eval-00000"
