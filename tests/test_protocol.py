@@ -137,3 +137,22 @@ def test_settings_tables_recipes_and_refusals(tmp_path):
                                 "np": {"private": False, "sigma": 0.0}}) == 0.7
     with pytest.raises(PrivacyError, match="b differs from a in sigma"):
         check_shared_budget({"a": cert, "b": {**cert, "sigma": 0.9}})
+
+
+def test_a_run_saved_before_a_key_existed_counts_it_as_its_default(tmp_path):
+    """A config saved by an earlier dpgrpo lacks later keys: with the default value the run is
+    the same run; with another value it is refused, naming the key."""
+    from dpgrpo.config import RunConfig
+    from dpgrpo.protocol import RunSpec, check_existing
+
+    cfg = RunConfig()
+    saved = json.loads(json.dumps(cfg.to_dict(public=False)))
+    del saved["train"]["cuda_graphs"]
+    (tmp_path / "recovery").mkdir()
+    (tmp_path / "recovery" / "config.json").write_text(json.dumps(saved))
+    spec = RunSpec(arm="dp-grpo", seed=1, config=cfg, run_dir=tmp_path)
+    check_existing(spec)
+    other = RunSpec(arm="dp-grpo", seed=1, run_dir=tmp_path,
+                    config=apply_overrides(cfg, ["train.cuda_graphs=false"]))
+    with pytest.raises(ConfigError, match=r"differs in train.cuda_graphs\)"):
+        check_existing(other)

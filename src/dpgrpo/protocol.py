@@ -268,8 +268,21 @@ def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
     return [] if saved == wanted else [prefix.rstrip(".")]
 
 
+def _with_defaults(saved: Any, defaults: Any) -> Any:
+    """``saved`` with every key it lacks taken from ``defaults`` (recursively)."""
+    if not (isinstance(saved, dict) and isinstance(defaults, dict)):
+        return saved
+    return {**defaults, **{k: _with_defaults(v, defaults.get(k)) for k, v in saved.items()}}
+
+
 def check_existing(spec: RunSpec) -> None:
-    """Raise ConfigError if ``spec.run_dir`` holds a run trained with another config."""
+    """Raise ConfigError if ``spec.run_dir`` holds a run trained with another config.
+
+    A config saved by an earlier dpgrpo lacks the keys added since; each counts as its default
+    (which reproduces the behaviour before the key existed), so such a run is refused only if
+    the new config sets one of them otherwise.
+    """
+    from dpgrpo.config import RunConfig
     from dpgrpo.release import release_config_path
 
     for path, public in ((spec.run_dir / "recovery" / "config.json", False),
@@ -278,7 +291,8 @@ def check_existing(spec: RunSpec) -> None:
         if saved is None:
             continue
         wanted = json.loads(json.dumps(spec.config.to_dict(public=public)))
-        diff = _differences(saved, wanted)
+        defaults = json.loads(json.dumps(RunConfig().to_dict(public=public)))
+        diff = _differences(_with_defaults(saved, defaults), wanted)
         if diff:
             raise ConfigError(f"{spec.run_dir} was trained with another config (differs in "
                               f"{', '.join(diff)}); use another output folder or the same "
