@@ -59,7 +59,7 @@ def read_release_config(release_dir: str | Path) -> dict[str, Any]:
 
 def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
     """What ``dpgrpo eval --run`` takes from a training run: model, task, adapter, arm,
-    data_dir, source, dtype and device of its public release config."""
+    data_dir, source, dtype, device and rollout engine of its public release config."""
     release = Path(run_dir) / "release"
     config = read_release_config(release)
     try:
@@ -67,7 +67,8 @@ def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
         return {"model": model["name"], "task": data["task"], "adapter": release,
                 "arm": train["arm"], "data_dir": data.get("data_dir"),
                 "source": data.get("source", "local"), "dtype": model.get("dtype", "float32"),
-                "device": model.get("device", "auto")}
+                "device": model.get("device", "auto"),
+                "engine": train.get("rollout_engine", "transformers")}
     except (KeyError, TypeError) as err:
         raise DataError(f"unreadable release config (missing {err})",
                         path=str(release_config_path(release))) from None

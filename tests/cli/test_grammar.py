@@ -71,3 +71,17 @@ def test_eval_source_option_reaches_the_loader(tmp_path):
     out = CliRunner().invoke(app, ["eval", "--task", "arithmetic", "--model", "unused",
                                    "--source", "hub", "-o", str(tmp_path / "e")])
     assert "source must be 'local'" in str(out.exception)  # the arithmetic task is offline
+
+
+def test_eval_engine_option_reaches_the_engine(tmp_path, tiny_model_dir):
+    """`--engine vllm` is passed to make_engine (refused here: no vLLM, no GPU); an unknown
+    engine name is refused before any model is loaded."""
+    from dpgrpo.rollout.vllm_engine import vllm_available
+
+    args = ["eval", "--task", "arithmetic", "--model", str(tiny_model_dir), "--limit", "1",
+            "-o", str(tmp_path / "e")]
+    if not vllm_available():
+        out = CliRunner().invoke(app, [*args, "--engine", "vllm"])
+        assert "needs vLLM" in str(out.exception)
+    bad = CliRunner().invoke(app, [*args, "--engine", "tgi"])
+    assert "engine must be one of transformers, vllm, got 'tgi'" in str(bad.exception)

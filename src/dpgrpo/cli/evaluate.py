@@ -45,6 +45,9 @@ def eval_cmd(
         False, "--skip-invalid", help="Skip invalid records (listed)."),
     check_timeout: float = typer.Option(
         10.0, "--check-timeout", help="Seconds per symbolic check."),
+    engine: Optional[str] = typer.Option(
+        None, "--engine", help="Rollout engine: transformers or vllm (CUDA; needs "
+                               "'dpgrpo[vllm]'); default: the run's, else transformers."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Greedy decoding, one completion per problem; resumable (skips finished ids)."""
@@ -69,7 +72,8 @@ def eval_cmd(
                             dtype=dtype or found.get("dtype", "float32"),
                             device=device or found.get("device", "auto"), arm=arm, seed=seed,
                             skip_invalid=skip_invalid, check_timeout_s=check_timeout,
-                            source=source or found.get("source", "local"))
+                            source=source or found.get("source", "local"),
+                            engine=engine or found.get("engine", "transformers"))
     columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True), transient=as_json) as bar:

@@ -57,8 +57,13 @@ class EvalSettings:
     skip_invalid: bool = False
     check_timeout_s: float = DEFAULT_CHECK_TIMEOUT_S
     source: str = "local"
+    engine: str = "transformers"  # or "vllm" (CUDA; pip install 'dpgrpo[vllm]')
 
     def __post_init__(self) -> None:
+        from dpgrpo.rollout.engine import ENGINES
+
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.limit is not None and self.limit < 1:
@@ -135,7 +140,8 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
         if engine is None:
             model, tokenizer = loaded or load_model(settings.model, settings.adapter,
                                                     dtype=settings.dtype, device=settings.device)
-            engine = make_engine("transformers", model, tokenizer)
+            engine = make_engine(settings.engine, model, tokenizer, model_name=settings.model,
+                                 dtype=settings.dtype)
         for start in range(0, len(todo), settings.batch_size):
             batch = todo[start:start + settings.batch_size]
             rollout = engine.generate([task.prompt(p) for p in batch], group_size=1,
