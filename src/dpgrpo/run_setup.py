@@ -246,9 +246,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
     torch.manual_seed(init_seed)
     m = config.model
-    lora = LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
-                        target_modules=tuple(m.target_modules), layers=m.lora_layers)
-    policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
+    policy = load_policy(m.name, lora=LoraSettings.from_config(m), dtype=m.dtype, device=device)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
     for peft_config in getattr(policy.model, "peft_config", {}).values():
