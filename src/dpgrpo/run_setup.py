@@ -246,7 +246,8 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
     torch.manual_seed(init_seed)
     m = config.model
-    policy = load_policy(m.name, lora=LoraSettings.from_config(m), dtype=m.dtype, device=device)
+    lora = LoraSettings.from_config(m)
+    policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
     for peft_config in getattr(policy.model, "peft_config", {}).values():
