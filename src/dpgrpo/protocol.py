@@ -45,15 +45,16 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dpgrpo.config import (ARMS, RunConfig, apply_overrides, config_from_dict, embedded_default,
+from dpgrpo.arm_table import ARMS, arm_spec, arms_with_role
+from dpgrpo.config import (RunConfig, apply_overrides, config_from_dict, embedded_default,
                            read_toml)
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
 
-PRIMARY_ARMS = ("dp-grpo", "zero-advantage", "filtered-sft", "gold-sft")
-LADDER_ARMS = ("shuffled-reward", "positive-only")
-NON_PRIVATE_ARM = "non-private"
+PRIMARY_ARMS = arms_with_role("primary")      # the arm table's roles, in its order
+LADDER_ARMS = arms_with_role("ladder")
+NON_PRIVATE_ARM, = arms_with_role("reference")  # the one sigma = 0 reference arm
 BASE_ARM = "base"
 SFT_CLIP_NORM = 0.1143670583  # Appendix C-B
 DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
@@ -82,17 +83,17 @@ class ProtocolSettings:
 
     def __post_init__(self) -> None:
         if self.seeds < 1:
-            raise ConfigError(f"protocol seeds must be >= 1, got {self.seeds}")
+            raise ConfigError(f"protocol.seeds must be >= 1, got {self.seeds}")
         unknown = [a for a in (*self.arms, *self.recipes) if a not in ARMS]
         if unknown:
             raise ConfigError(f"unknown protocol arm {unknown[0]!r} (known: {', '.join(ARMS)}; "
                               f"the base '{BASE_ARM}' is always evaluated)")
         if len(set(self.arms)) != len(self.arms) or not self.arms:
-            raise ConfigError(f"protocol arms must be distinct and non-empty: {self.arms}")
+            raise ConfigError(f"protocol.arms must be distinct and non-empty: {self.arms}")
         for name in ("eval_limit", "eval_batch_size", "eval_max_new_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"protocol {name} must be >= 1, got {value}")
+                raise ConfigError(f"protocol.{name} must be >= 1, got {value}")
         bad = [(arm, key) for arm, recipe in self.recipes.items() for key in recipe
                if not (key.startswith("train.") and key not in ("train.arm", "train.steps")
                        or key == "privacy.clip_norm")]
@@ -220,7 +221,7 @@ def arm_config(config: RunConfig, arm: str, seed: int, sigma: float,
                recipe: Sequence[str] = ()) -> RunConfig:
     """The RunConfig of ``arm``'s seed-``seed`` run: the arm, the shared sigma (None for the
     non-private arm), the debugging seed if the config has one, then the recipe overrides."""
-    private = arm != NON_PRIVATE_ARM
+    private = arm_spec(arm).private
     seed_value = config.privacy.seed
     if seed_value is not None:
         seed_value += SEED_STRIDE * (seed - 1)
@@ -245,7 +246,7 @@ def plan_protocol(config: RunConfig, settings: ProtocolSettings, out_dir: str | 
     budget = resolve_budget(private, config.data.task)
     runs = []
     for arm in settings.all_arms():
-        seeds = (1,) if arm == NON_PRIVATE_ARM else range(1, settings.seeds + 1)
+        seeds = range(1, settings.seeds + 1) if arm_spec(arm).private else (1,)
         for k in seeds:
             cfg = arm_config(config, arm, k, budget.sigma, settings.recipe(arm))
             runs.append(RunSpec(arm, k, out_dir / "runs" / f"{arm}-seed{k}", cfg))

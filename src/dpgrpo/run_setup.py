@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from dpgrpo import __version__
+from dpgrpo.arm_table import ARMS, arm_spec
 from dpgrpo.config import RunConfig
 from dpgrpo.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
@@ -26,7 +27,6 @@ from dpgrpo.privacy.accounting import (
     PrivacyLedger,
     accountant_version,
     calibrate,
-    compute_epsilon,
     default_delta,
     sampling_rate,
 )
@@ -246,8 +246,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
     torch.manual_seed(init_seed)
     m = config.model
-    lora = LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
-                        target_modules=tuple(m.target_modules), layers=m.lora_layers)
+    lora = LoraSettings.from_config(m)
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
@@ -271,7 +270,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     return RunState(config=config, run_dir=run_dir, device=device, slots=slots, n=n, q=q,
                     delta=delta, sigma=sigma, clip_norm=clip,
                     sampler=PoissonSampler(n, q, seed=seed),
-                    noise=NoiseSource(seed=None if seed is None else seed + 1, device=device),
+                    noise=NoiseSource(seed=None if seed is None else seed + 1),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
                     coordinates=coordinates, _rollout_gen=rollout_gen, chooser=chooser)
@@ -300,6 +299,7 @@ def record_isolation(rollout_mode: str, engine: str = "transformers",
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
     """The privacy certificate written to release/certificate.json."""
     cfg = run.config
+    arm = arm_spec(cfg.train.arm)
     eps = ledger.epsilon(run.delta) if cfg.private else math.inf
     rdp, order = ledger.rdp_epsilon(run.delta) if cfg.private else (math.inf, math.nan)
     releasable = cfg.private and not run.seeded and run.noise.releasable and run.sampler.releasable
@@ -323,10 +323,11 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "record_isolation": record_isolation(cfg.train.rollout_isolation,
                                              cfg.train.rollout_engine, cfg.data.privacy_unit),
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
-        "shared_budget": ("every arm (dp-grpo, zero-advantage, ladder, filtered-sft, gold-sft) run "
-                          f"with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
+        "shared_budget": (f"every private arm ({', '.join(a for a in ARMS if ARMS[a].private)}) "
+                          f"run with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
                           f"T = {cfg.train.steps} and delta = {run.delta:.6g} has exactly this "
-                          "epsilon: only the per-record gradient differs (Corollary 2)"),
+                          "epsilon: only the per-record gradient differs (Corollary 2); this "
+                          f"run's arm, {arm.name}: {arm.description}"),
     }
     if cfg.private and math.isfinite(eps):
         # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
@@ -335,9 +336,9 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:
         cert["not_releasable_because"] = (
-            "non-private arm (sigma = 0)" if not cfg.private else
+            f"{arm.name} arm: {arm.description}" if not cfg.private else
             "seeded generators (privacy.seed): sampling coins and noise are reproducible")
     return cert
 
 
-__all__ = ["RunState", "build_run", "certificate", "record_isolation", "compute_epsilon", "resolve_device"]
+__all__ = ["RunState", "build_run", "certificate", "record_isolation", "resolve_device"]

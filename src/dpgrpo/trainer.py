@@ -118,7 +118,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         if ctx.is_main:
             _write_recovery_config(run)
             journal.open()
-    arm = make_arm(run)
+    arm = make_arm(config, run.policy, run.task)
     laps = arm.laps  # wall-clock per phase: public metrics (train.metrics), never data
     metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True))
                if ctx.is_main else None)
@@ -148,7 +148,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                                         ctx=ctx)                      # lines 7-8
         laps.mark("mechanism")
         if update.finite:                                             # line 9
-            _apply(run, update.update)
+            _apply(run.model, run.optimizer, update.update)
         else:
             skipped += 1                                              # still charged
         laps.mark("step")
@@ -161,7 +161,8 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         done_here += 1
         release_free_memory()                                         # RSS back to baseline
         if (progress is not None or metrics is not None) and ctx.is_main:
-            public = {"round": t + 1, "steps": steps, "epsilon": _epsilon_so_far(journal, run),
+            public = {"round": t + 1, "steps": steps,
+                      "epsilon": _epsilon_so_far(journal, config.private, run.delta),
                       "elapsed": time.perf_counter() - started}
             if metrics is not None:                                   # public values only
                 metrics.log({**public, "time/round": time.perf_counter() - tic, **laps.row()})
@@ -194,21 +195,21 @@ def _grad_method(config: RunConfig) -> str:
     return "reference" if lean else "fast"
 
 
-def _apply(run: RunState, update: dict[str, torch.Tensor]) -> None:
+def _apply(model: Any, optimizer: torch.optim.Optimizer, update: dict[str, torch.Tensor]) -> None:
     """Use the privatized update as the gradient of an AdamW step (fp32 optimizer state)."""
-    params = trainable_parameters(run.model)
+    params = trainable_parameters(model)
     for name, param in params.items():
         param.grad = update[name].to(device=param.device, dtype=param.dtype)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
-def _epsilon_so_far(journal: PrivacyJournal, run: RunState) -> float:
+def _epsilon_so_far(journal: PrivacyJournal, private: bool, delta: float) -> float:
     """A certified upper bound for the progress bar: PLD on a coarse (1e-2) pessimistic grid."""
     ledger = journal.ledger()
-    if not run.config.private:
+    if not private:
         return math.inf
-    return pld_epsilon(ledger.events, run.delta, value_discretization_interval=1e-2)
+    return pld_epsilon(ledger.events, delta, value_discretization_interval=1e-2)
 
 
 def _checkpoint(run: RunState, journal: PrivacyJournal, round_done: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Literal, Sequence
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation import stats
-from dpgrpo.reports.inputs import Arm, load_arms
+from dpgrpo.reports.inputs import ArmResults, load_arms
 
 FOCAL_ARM = "dp-grpo"
 HolmFamily = Literal["contrast", "report"]
@@ -109,7 +109,7 @@ MDE_FORMULA = ("MDE = (z_{1-alpha/2} + z_{power}) * SE, SE = 100 * sd(d_j) / sqr
                "d_j = per-problem difference of seed-averaged correctness")
 
 
-def summarize_arm(arm: Arm) -> ArmSummary:
+def summarize_arm(arm: ArmResults) -> ArmSummary:
     """Accuracy per scorer (pp; mean of seeds and per seed), mean tokens and cap rate."""
     return ArmSummary(
         name=arm.name, seeds=arm.seeds, paths=tuple(str(p) for p in arm.paths),
@@ -122,7 +122,7 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         seed_cap_rate=tuple(100 * float(x) for x in arm.hit_cap.mean(axis=1)))
 
 
-def _scorers(arms: Sequence[Arm]) -> tuple[str, ...]:
+def _scorers(arms: Sequence[ArmResults]) -> tuple[str, ...]:
     """Scorers in first-seen order, 'strict' first."""
     seen: list[str] = []
     for a in arms:
@@ -130,7 +130,8 @@ def _scorers(arms: Sequence[Arm]) -> tuple[str, ...]:
     return tuple(sorted(seen, key=lambda s: (s != "strict", seen.index(s))))
 
 
-def compare_arms(base: Arm, arms: Sequence[Arm], settings: Settings = Settings()) -> Comparison:
+def compare_arms(base: ArmResults, arms: Sequence[ArmResults],
+                 settings: Settings = Settings()) -> Comparison:
     """Compute every accuracy and contrast of the report (Sections VII-E, VIII)."""
     everything = [base, *arms]
     if len({a.name for a in everything}) != len(everything):
@@ -138,7 +139,7 @@ def compare_arms(base: Arm, arms: Sequence[Arm], settings: Settings = Settings()
     scorers = _scorers(everything)
     cache: dict[tuple[str, str, str], stats.Contrast] = {}
 
-    def rows(pairs: Sequence[tuple[Arm, Arm]]) -> list[ContrastRow]:
+    def rows(pairs: Sequence[tuple[ArmResults, ArmResults]]) -> list[ContrastRow]:
         out = []
         for a, b in pairs:
             for s in scorers:
