@@ -25,11 +25,11 @@ from dpgrpo.privacy.accounting import (
     NEIGHBOURING_RELATION,
     PrivacyLedger,
     accountant_version,
-    calibrate,
     compute_epsilon,
     default_delta,
     sampling_rate,
 )
+from dpgrpo.privacy.calibration import calibrate
 from dpgrpo.privacy.contributors import CONTRIBUTOR, ProblemChooser, as_contributors
 from dpgrpo.privacy.contributors import contributor_slots, unit_description
 from dpgrpo.privacy.figures import neighbour_figures

@@ -107,7 +107,8 @@ def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = N
     ``n`` skips counting the slots when the caller already knows it. ``cache`` shares
     calibrations between configurations with the same (n, m, T, epsilon, delta).
     """
-    from dpgrpo.privacy.accounting import calibrate, compute_epsilon, default_delta
+    from dpgrpo.privacy.accounting import compute_epsilon, default_delta
+    from dpgrpo.privacy.calibration import calibrate
 
     if not config.private:
         raise ConfigError(f"{name}: train.arm = 'non-private' has sigma = 0 and no privacy "
