@@ -45,8 +45,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dpgrpo.config import (ARMS, RunConfig, apply_overrides, config_from_dict, embedded_default,
-                           read_toml)
+from dpgrpo.config import ARMS, RunConfig, apply_overrides
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
@@ -165,23 +164,6 @@ class ProtocolResult:
     certificates: dict[str, dict[str, Any]]
     epsilon: float                         # largest certified epsilon of the private runs
     report: list[Path]                     # files written by compare
-
-
-def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
-                         ) -> tuple[RunConfig, dict[str, Any]]:
-    """A training config and its ``[protocol]`` table (stripped before the RunConfig is built).
-
-    ``path`` None: the embedded CPU demo. Overrides are ``section.key=value`` strings.
-    """
-    if path is None:
-        return apply_overrides(embedded_default(), list(overrides)), {}
-    path = Path(path)
-    data = read_toml(path)
-    table = data.pop("protocol", {})
-    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [protocol] must be a table")
-    return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table
 
 
 def _flatten(prefix: str, value: Any) -> dict[str, Any]:
@@ -402,5 +384,5 @@ def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[s
 __all__ = ["BASE_ARM", "DEFAULT_RECIPES", "LADDER_ARMS", "NON_PRIVATE_ARM", "PRIMARY_ARMS",
            "ProtocolPlan", "ProtocolResult", "ProtocolSettings", "RunSpec", "arm_config",
            "check_existing", "check_shared_budget", "ensure_trained", "eval_complete", "evaluate",
-           "load_protocol_config", "plan_protocol", "protocol_settings", "release_complete",
+           "plan_protocol", "protocol_settings", "release_complete",
            "run_protocol"]
