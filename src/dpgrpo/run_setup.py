@@ -32,6 +32,7 @@ from dpgrpo.privacy.contributors import unit_description
 from dpgrpo.privacy.figures import neighbour_figures
 from dpgrpo.privacy.noise import GENERATOR, NoiseSource, check_noise_tail, noise_tail_delta
 from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount
+from dpgrpo.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot
     from dpgrpo.tasks import get_task
 
     k = config.audit.canaries
-    plan_path = run_dir / "recovery" / "canaries.json"
+    plan_path = RunDir(run_dir).canaries
     if ctx.active and not ctx.is_main:  # rank 0 draws the secret bits; the others read them
         barrier(ctx)
         plan = CanaryPlan.load(plan_path)

@@ -100,7 +100,8 @@ def public_constants(config: RunConfig, n: int, *, refuse_weak_delta: bool = Fal
     elif not calibrated:
         sigma, clip = p.noise_multiplier, p.clip_norm
     else:
-        sigma, clip = _calibrated_sigma(n, p.expected_batch, steps, p.epsilon, delta, cache), p.clip_norm
+        sigma = _calibrated_sigma(n, p.expected_batch, steps, p.epsilon, delta, cache)
+        clip = p.clip_norm
     return PublicConstants(n=n, expected_batch=p.expected_batch, q=q, delta=delta, sigma=sigma,
                            clip_norm=clip, steps=steps, sigma_calibrated=calibrated)
 
