@@ -15,7 +15,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from dpgrpo.arm_table import arm_spec
 from dpgrpo.errors import ConfigError
@@ -375,3 +375,21 @@ def embedded_default() -> RunConfig:
         train=TrainConfig(arm="dp-grpo", steps=12, group_size=4, max_new_tokens=96,
                           checkpoint_every=4),
     )
+
+
+def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
+                         ) -> tuple[RunConfig, dict[str, Any]]:
+    """A training config and its ``[protocol]`` table (:mod:`dpgrpo.protocol`; stripped, like
+    ``[study]``, before the RunConfig is built).
+
+    ``path`` None: the embedded CPU demo. Overrides are ``section.key=value`` strings.
+    """
+    if path is None:
+        return apply_overrides(embedded_default(), list(overrides)), {}
+    path = Path(path)
+    data = read_toml(path)
+    table = data.pop("protocol", {})
+    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [protocol] must be a table")
+    return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table
