@@ -13,8 +13,7 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-ALLOWED_DEFERRED = [{"dpgrpo.rollout.engine", "dpgrpo.rollout.transformers_engine",
-                     "dpgrpo.rollout.vllm_engine"}]
+ALLOWED_DEFERRED: list[set[str]] = []
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

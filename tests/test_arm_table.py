@@ -19,7 +19,7 @@ from dpgrpo.objectives.grpo import ADVANTAGE_MODES, GRPOObjective, group_advanta
 from dpgrpo.objectives.sft import SFTObjective
 from dpgrpo.privacy.accounting import PrivacyLedger
 from dpgrpo.protocol import LADDER_ARMS, NON_PRIVATE_ARM, PRIMARY_ARMS
-from dpgrpo.testing import build_tiny_tokenizer, synthetic_rollouts
+from dpgrpo.verify.fixtures import build_tiny_tokenizer, synthetic_rollouts
 
 REWARDS = [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]  # prompt 0: one of three right; prompt 1: two
 

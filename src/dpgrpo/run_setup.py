@@ -244,7 +244,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
 def record_isolation(rollout_mode: str, engine: str = "transformers",
                      privacy_unit: str = "prompt") -> dict[str, str]:
     """What the run did about assumption A2's execution gaps (stated in the certificate)."""
-    from dpgrpo.rollout.engine import isolation_statement
+    from dpgrpo.rollout.factory import isolation_statement
 
     gradients = ("exact: every pass holds rows of one prompt on that prompt's own columns, "
                  "so its gradient and reference log-probs are bit-identical whatever its "
