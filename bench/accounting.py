@@ -20,7 +20,8 @@ import time
 import dp_accounting as dpa
 from dp_accounting.pld import pld_privacy_accountant
 
-from dpgrpo.privacy.accounting import calibrate, default_delta
+from dpgrpo.privacy.accounting import default_delta
+from dpgrpo.privacy.calibration import calibrate
 
 CONFIGS = [  # name, n, m, T, target epsilon
     ("MATH eps=8", 6988, 128, 50, 8.0),

@@ -20,7 +20,8 @@ import dp_accounting as dpa
 from dp_accounting.pld import pld_privacy_accountant
 
 from dpgrpo.privacy import group
-from dpgrpo.privacy.accounting import RoundEvent, calibrate, default_delta
+from dpgrpo.privacy.accounting import RoundEvent, default_delta
+from dpgrpo.privacy.calibration import calibrate
 from dpgrpo.privacy.figures import neighbour_figures
 
 CONFIGS = [  # name, n, m, T, checkpoint_every, sigma (None: calibrated to epsilon 8)

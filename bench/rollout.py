@@ -60,7 +60,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     from dpgrpo.model import LoraSettings, attach_lora, load_base_model, load_tokenizer
 
     if args.arch == "tiny":  # a smoke test of the script: dpgrpo's tiny random Llama
-        from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+        from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer
 
         tok = build_tiny_tokenizer()
         model = build_tiny_model(tok, dtype=args.dtype).to(args.device)

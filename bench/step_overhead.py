@@ -36,7 +36,7 @@ from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_lo
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
 from dpgrpo.rollout import RolloutBatch
-from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer
 
 MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many apples?",
             "Solve the problem step by step: 7 * 8 = ?", "Answer with a letter: A B C D E.",

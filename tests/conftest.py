@@ -29,7 +29,7 @@ def shared_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory holding a tiny random Llama and its tokenizer (HF format)."""
-    from dpgrpo.testing import save_tiny_model
+    from dpgrpo.verify.fixtures import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -16,8 +16,8 @@ from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, group_advant
 from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.privacy.contributors import Contributor, ProblemChooser, round_prompts
 from dpgrpo.privacy.contributors import sum_within_records
-from dpgrpo.testing import build_tiny_tokenizer, random_specs, tiny_fp32_policy
-from dpgrpo.testing import rollouts_from_specs
+from dpgrpo.verify.fixtures import build_tiny_tokenizer, random_specs, tiny_fp32_policy
+from dpgrpo.verify.fixtures import rollouts_from_specs
 from dpgrpo.trainer import train
 
 

@@ -198,7 +198,8 @@ def test_the_invariant_guard_stops_an_under_count(run_dir, monkeypatch):
 
 def test_second_protocol_on_one_folder_is_refused(tiny_protocol_toml, tmp_path):
     from dpgrpo.errors import RunLockedError
-    from dpgrpo.protocol import load_protocol_config, plan_protocol, protocol_settings, run_protocol
+    from dpgrpo.config import load_protocol_config
+    from dpgrpo.protocol import plan_protocol, protocol_settings, run_protocol
     from dpgrpo.runlock import RunLock
 
     cfg, table = load_protocol_config(tiny_protocol_toml)

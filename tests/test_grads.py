@@ -14,8 +14,8 @@ from dpgrpo.model import LoraSettings, attach_lora
 from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, group_advantages,
                                     reference_logprobs)
 from dpgrpo.rollout import RolloutBatch, generate
-from dpgrpo.testing import (build_tiny_model, build_tiny_tokenizer, exact_rmsnorm,
-                            random_specs, rollouts_from_specs, tiny_fp32_policy)
+from dpgrpo.verify.fixtures import (build_tiny_model, build_tiny_tokenizer, exact_rmsnorm,
+                                    random_specs, rollouts_from_specs, tiny_fp32_policy)
 
 MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more.", "Answer: A B C",
             "abc", "Solve the problem step by step."]

@@ -12,7 +12,7 @@ from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, compute_adv
 from dpgrpo.objectives.logprobs import token_logprobs
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
-from dpgrpo.testing import synthetic_rollouts, tiny_fp64_policy
+from dpgrpo.verify.fixtures import synthetic_rollouts, tiny_fp64_policy
 
 
 def _mean_logprob(model, rollouts) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpgrpo.config import apply_overrides, embedded_default
+from dpgrpo.config import apply_overrides, embedded_default, load_protocol_config
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.privacy.accounting import compute_epsilon
 from dpgrpo.protocol import (
@@ -17,7 +17,6 @@ from dpgrpo.protocol import (
     SFT_CLIP_NORM,
     arm_config,
     check_shared_budget,
-    load_protocol_config,
     plan_protocol,
     protocol_settings,
     run_protocol,

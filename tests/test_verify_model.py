@@ -16,7 +16,7 @@ def test_model_checks_pass():
 
 def test_isolation_check_detects_a_batch_level_normalizer(monkeypatch):
     """Whitening advantages across the batch couples prompts: the check must fail."""
-    import dpgrpo.verify_model as vm
+    import dpgrpo.verify.model as vm
 
     def batch_whitened(rewards, eps=1e-4):
         return (rewards - rewards.mean()) / (rewards.std() + eps)

@@ -1,92 +1,94 @@
 """Training arms: how a sampled record becomes a TrainBatch (Algorithm 1, lines 4-6).
 
 Every arm shares sampling, clipping, noise, the q*n denominator and the accountant; only the
-per-record computation differs (Corollary 2):
-
-* ``dp-grpo``: G completions from the policy, verifier rewards, Eq. (2) advantages, Eq. (7).
-* ``zero-advantage``: the same, with every advantage set to 0 after verification (Section V).
-* ``shuffled-reward`` / ``positive-only``: the advantage ladder of Section IX.
-* ``non-private``: dp-grpo with sigma = 0 (clipping on or off).
-* ``filtered-sft`` / ``gold-sft``: the private supervised comparators.
+per-record computation differs (Corollary 2). What each arm does is a row of the arm table
+(:data:`dpgrpo.arm_table.ARMS`): its objective, where its rollouts come from (the policy, the
+public base, or none for gold SFT), its advantage mode, and whether it is private. This module
+reads those fields and never an arm's name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from dpgrpo.arm_table import ArmSpec, arm_spec
+from dpgrpo.config import RunConfig, TrainConfig
 from dpgrpo.metrics import Laps
-from dpgrpo.objectives import TrainBatch
+from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, compute_advantages
 from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_gold_sft_batch
 from dpgrpo.rollout import RolloutEngine, make_engine
 
-ADVANTAGE_MODE = {"dp-grpo": "group", "non-private": "group", "zero-advantage": "zero",
-                  "shuffled-reward": "shuffled", "positive-only": "positive"}
+#: objective name of the arm table -> the objective, from the train table
+OBJECTIVES: dict[str, Callable[[TrainConfig], Objective]] = {
+    "grpo": lambda train: GRPOObjective(beta=train.beta),
+    "sft": lambda train: SFTObjective(),
+}
 
 
 @dataclass
 class Arm:
-    name: str
-    objective: Any
-    run: Any
+    """One arm's per-record computation, holding only what it uses (no run state)."""
+
+    spec: ArmSpec
+    objective: Objective
+    model: Any                  # the policy being trained (the reference pass turns LoRA off)
+    tokenizer: Any
+    train: TrainConfig          # G, temperature, beta, pass sizes (public)
+    cap: int                    # the completion cap (public)
+    new_engine: Callable[[], RolloutEngine] = field(repr=False)
     laps: Laps = field(default_factory=Laps)  # public wall-clock per phase (dpgrpo.metrics)
     _engine: RolloutEngine | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     @property
     def engine(self) -> RolloutEngine:
         """The run's rollout engine (``train.rollout_engine``), built on first use."""
         if self._engine is None:
-            cfg = self.run.config
-            self._engine = make_engine(
-                cfg.train.rollout_engine, self.run.model, self.run.policy.tokenizer,
-                isolated=cfg.train.rollout_isolation == "isolated",
-                rows_per_call=cfg.train.rollout_rows(self.cap), model_name=cfg.model.name,
-                dtype=cfg.model.dtype, **cfg.train.engine_options())
+            self._engine = self.new_engine()
         return self._engine
-
-    @property
-    def cap(self) -> int:
-        """The completion cap (public): ``train.max_new_tokens`` or the task's default."""
-        return self.run.config.train.max_new_tokens or self.run.task.default_max_new_tokens
 
     def batch(self, records: list[tuple[Any, Any]], generator: torch.Generator
               ) -> tuple[TrainBatch, dict[str, float]]:
         """Build this round's TrainBatch from the sampled (task, problem) records."""
-        if self.name == "gold-sft":
+        if self.spec.rollouts is None:
             return self._gold(records)
-        rollouts, rewards = self._rollouts(records, generator, base=self.name == "filtered-sft")
+        rollouts, rewards = self._rollouts(records, generator)
         self.laps.mark("rollout")
         info = _info(rollouts, rewards)
-        if self.name == "filtered-sft":
+        if self.spec.objective == "sft":  # supervised on the verified-correct completions
             return build_filtered_sft_batch(rollouts, rewards), info
-        cfg = self.run.config.train
-        adv = compute_advantages(rewards, ADVANTAGE_MODE[self.name], generator=generator)
-        ref = (reference_logprobs(self.run.model, rollouts,
-                                  batch_size=cfg.rows_per_pass(self.cap))
-               if cfg.beta > 0 else None)
+        adv = compute_advantages(rewards, self.spec.advantage, generator=generator)
+        ref = (reference_logprobs(self.model, rollouts,
+                                  batch_size=self.train.rows_per_pass(self.cap))
+               if self.train.beta > 0 else None)
         self.laps.mark("reference")
         return build_grpo_batch(rollouts, rewards, adv, ref), info
 
-    def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator, *,
-                  base: bool) -> tuple[Any, torch.Tensor]:
-        cfg, cap = self.run.config.train, self.cap
+    def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator
+                  ) -> tuple[Any, torch.Tensor]:
+        g = self.train.group_size
         messages = [task.prompt(problem) for task, problem in records]
         rollouts = self.engine.generate(  # filtered SFT samples from the public base policy
-            messages, group_size=cfg.group_size, temperature=cfg.temperature,
-            max_new_tokens=cap, generator=generator, use_adapter=not base)
+            messages, group_size=g, temperature=self.train.temperature,
+            max_new_tokens=self.cap, generator=generator,
+            use_adapter=not self.spec.base_rollouts)
         rewards = torch.tensor([[task.reward(text, problem) for text in texts]
                                 for (task, problem), texts in zip(records, rollouts.texts)],
-                               dtype=torch.float32).reshape(len(records), cfg.group_size)
+                               dtype=torch.float32).reshape(len(records), g)
         return rollouts, rewards
 
     def _gold(self, records: list[tuple[Any, Any]]) -> tuple[TrainBatch, dict[str, float]]:
         messages = [task.prompt(problem) for task, problem in records]
         targets = [task.gold_target(problem) for task, problem in records]
-        batch = build_gold_sft_batch(self.run.policy.tokenizer, messages, targets)
+        batch = build_gold_sft_batch(self.tokenizer, messages, targets)
         return batch, {"target_tokens_mean": float(batch.loss_mask.sum(1).float().mean())
                        if records else 0.0}
 
@@ -103,12 +105,20 @@ def _info(rollouts: Any, rewards: torch.Tensor) -> dict[str, float]:
             "constant_reward_groups": constant}
 
 
-def make_arm(run: Any) -> Arm:
-    """The arm named by ``run.config.train.arm``."""
-    name = run.config.train.arm
-    if name in ("filtered-sft", "gold-sft"):
-        return Arm(name, SFTObjective(), run)
-    return Arm(name, GRPOObjective(beta=run.config.train.beta), run)
+def make_arm(config: RunConfig, policy: Any, task: Any) -> Arm:
+    """The arm named by ``train.arm``, over ``policy`` (model and tokenizer) and ``task`` (its
+    default completion cap when ``train.max_new_tokens`` is not set)."""
+    spec, train = arm_spec(config.train.arm), config.train
+    cap = train.max_new_tokens or task.default_max_new_tokens
+
+    def new_engine() -> RolloutEngine:
+        return make_engine(train.rollout_engine, policy.model, policy.tokenizer,
+                           isolated=train.rollout_isolation == "isolated",
+                           rows_per_call=train.rollout_rows(cap), model_name=config.model.name,
+                           dtype=config.model.dtype, **train.engine_options())
+
+    return Arm(spec, OBJECTIVES[spec.objective](train), policy.model, policy.tokenizer, train,
+               cap, new_engine)
 
 
-__all__ = ["ADVANTAGE_MODE", "Arm", "make_arm"]
+__all__ = ["Arm", "OBJECTIVES", "make_arm"]

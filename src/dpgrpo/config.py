@@ -15,14 +15,11 @@ import tomllib
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from dpgrpo.arm_table import arm_spec
 from dpgrpo.errors import ConfigError
 
-ARMS = ("dp-grpo", "zero-advantage", "shuffled-reward", "positive-only", "non-private",
-        "filtered-sft", "gold-sft")
-GRPO_ARMS = ("dp-grpo", "zero-advantage", "shuffled-reward", "positive-only", "non-private")
-SFT_ARMS = ("filtered-sft", "gold-sft")
 MAX_GROUP_SIZE = 8  # certificate group figures cost about k^2 seconds at every checkpoint
 
 
@@ -170,8 +167,7 @@ class TrainConfig:
         return max(self.group_size, 16 * self.rows_per_pass(cap) // self.group_size * self.group_size)
 
     def __post_init__(self) -> None:
-        if self.arm not in ARMS:
-            raise ConfigError(f"train.arm must be one of {', '.join(ARMS)}; got {self.arm!r}")
+        spec = arm_spec(self.arm)  # ConfigError naming train.arm for an unknown arm
         for name in ("steps", "group_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -182,7 +178,7 @@ class TrainConfig:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
         if self.beta < 0 or self.temperature < 0:
             raise ConfigError("train.beta and train.temperature must be >= 0")
-        if self.arm in GRPO_ARMS and self.group_size < 2:
+        if spec.normalizes_groups and self.group_size < 2:
             raise ConfigError(f"train.group_size = {self.group_size} with arm {self.arm!r}: GRPO "
                               "normalizes rewards within each prompt's group of G completions, "
                               "so with G = 1 every advantage is zero; use G >= 2")
@@ -221,7 +217,7 @@ class RunConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
-        if self.train.arm == "non-private":
+        if not self.private:
             if self.privacy.noise_multiplier not in (None, 0.0):
                 raise ConfigError("train.arm = 'non-private' uses sigma = 0; remove privacy.noise_multiplier")
         elif self.privacy.noise_multiplier == 0.0:
@@ -230,7 +226,8 @@ class RunConfig:
 
     @property
     def private(self) -> bool:
-        return self.train.arm != "non-private"
+        """Whether the arm adds noise (sigma > 0) and certifies an epsilon (the arm table)."""
+        return arm_spec(self.train.arm).private
 
     def to_dict(self, *, public: bool = True) -> dict[str, Any]:
         """Plain dict; with ``public`` the debugging seed is replaced by whether one was set."""
@@ -378,3 +375,21 @@ def embedded_default() -> RunConfig:
         train=TrainConfig(arm="dp-grpo", steps=12, group_size=4, max_new_tokens=96,
                           checkpoint_every=4),
     )
+
+
+def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
+                         ) -> tuple[RunConfig, dict[str, Any]]:
+    """A training config and its ``[protocol]`` table (:mod:`dpgrpo.protocol`; stripped, like
+    ``[study]``, before the RunConfig is built).
+
+    ``path`` None: the embedded CPU demo. Overrides are ``section.key=value`` strings.
+    """
+    if path is None:
+        return apply_overrides(embedded_default(), list(overrides)), {}
+    path = Path(path)
+    data = read_toml(path)
+    table = data.pop("protocol", {})
+    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [protocol] must be a table")
+    return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table

@@ -22,11 +22,14 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dpgrpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dpgrpo.config import ModelConfig
 
 # PEFT asks transformers for `is_gradient_checkpointing`, which transformers 5 deprecates; the
 # warning says nothing actionable to a dpgrpo user.
@@ -69,17 +72,24 @@ class LoraSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
-            raise ConfigError(f"lora.rank must be a positive integer, got {self.rank!r}")
+            raise ConfigError(f"model.lora_rank must be a positive integer, got {self.rank!r}")
         if not self.alpha > 0:
-            raise ConfigError(f"lora.alpha must be positive, got {self.alpha!r}")
+            raise ConfigError(f"model.lora_alpha must be positive, got {self.alpha!r}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"lora.dropout must be in [0, 1), got {self.dropout!r}")
+            raise ConfigError(f"model.lora_dropout must be in [0, 1), got {self.dropout!r}")
         modules = tuple(self.target_modules)
         if not modules or not all(isinstance(m, str) and m for m in modules):
-            raise ConfigError("lora.target_modules must be a non-empty list of module names")
+            raise ConfigError("model.target_modules must be a non-empty list of module names")
         if len(set(modules)) != len(modules):
-            raise ConfigError(f"lora.target_modules has duplicates: {list(modules)}")
+            raise ConfigError(f"model.target_modules has duplicates: {list(modules)}")
         object.__setattr__(self, "target_modules", modules)
+
+    @classmethod
+    def from_config(cls, model: ModelConfig) -> LoraSettings:
+        """The adapter a run's ``[model]`` table asks for (``model.lora_*``,
+        ``model.target_modules``, ``model.lora_layers``)."""
+        return cls(rank=model.lora_rank, alpha=model.lora_alpha, dropout=model.lora_dropout,
+                   target_modules=tuple(model.target_modules), layers=model.lora_layers)
 
 
 @dataclass(frozen=True)
@@ -317,7 +327,7 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
     found = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in lora.target_modules if m not in found]
     if missing:
-        raise ConfigError(f"lora.target_modules not found in the model: {missing}")
+        raise ConfigError(f"model.target_modules not found in the model: {missing}")
     peft_model = get_peft_model(model, config)
     _keep_lora_precise(peft_model)
     return peft_model

@@ -45,15 +45,16 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dpgrpo.config import (ARMS, RunConfig, apply_overrides, config_from_dict, embedded_default,
-                           read_toml)
+from dpgrpo.arm_table import ARMS, arm_spec, arms_with_role
+from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
+from dpgrpo.rundir import RunDir, read_json_or_none
 
-PRIMARY_ARMS = ("dp-grpo", "zero-advantage", "filtered-sft", "gold-sft")
-LADDER_ARMS = ("shuffled-reward", "positive-only")
-NON_PRIVATE_ARM = "non-private"
+PRIMARY_ARMS = arms_with_role("primary")      # the arm table's roles, in its order
+LADDER_ARMS = arms_with_role("ladder")
+NON_PRIVATE_ARM, = arms_with_role("reference")  # the one sigma = 0 reference arm
 BASE_ARM = "base"
 SFT_CLIP_NORM = 0.1143670583  # Appendix C-B
 DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
@@ -82,17 +83,17 @@ class ProtocolSettings:
 
     def __post_init__(self) -> None:
         if self.seeds < 1:
-            raise ConfigError(f"protocol seeds must be >= 1, got {self.seeds}")
+            raise ConfigError(f"protocol.seeds must be >= 1, got {self.seeds}")
         unknown = [a for a in (*self.arms, *self.recipes) if a not in ARMS]
         if unknown:
             raise ConfigError(f"unknown protocol arm {unknown[0]!r} (known: {', '.join(ARMS)}; "
                               f"the base '{BASE_ARM}' is always evaluated)")
         if len(set(self.arms)) != len(self.arms) or not self.arms:
-            raise ConfigError(f"protocol arms must be distinct and non-empty: {self.arms}")
+            raise ConfigError(f"protocol.arms must be distinct and non-empty: {self.arms}")
         for name in ("eval_limit", "eval_batch_size", "eval_max_new_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(f"protocol {name} must be >= 1, got {value}")
+                raise ConfigError(f"protocol.{name} must be >= 1, got {value}")
         bad = [(arm, key) for arm, recipe in self.recipes.items() for key in recipe
                if not (key.startswith("train.") and key not in ("train.arm", "train.steps")
                        or key == "privacy.clip_norm")]
@@ -167,23 +168,6 @@ class ProtocolResult:
     report: list[Path]                     # files written by compare
 
 
-def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
-                         ) -> tuple[RunConfig, dict[str, Any]]:
-    """A training config and its ``[protocol]`` table (stripped before the RunConfig is built).
-
-    ``path`` None: the embedded CPU demo. Overrides are ``section.key=value`` strings.
-    """
-    if path is None:
-        return apply_overrides(embedded_default(), list(overrides)), {}
-    path = Path(path)
-    data = read_toml(path)
-    table = data.pop("protocol", {})
-    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [protocol] must be a table")
-    return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table
-
-
 def _flatten(prefix: str, value: Any) -> dict[str, Any]:
     """``{"train": {"learning_rate": x}}`` -> ``{"train.learning_rate": x}``."""
     if not isinstance(value, dict):
@@ -220,7 +204,7 @@ def arm_config(config: RunConfig, arm: str, seed: int, sigma: float,
                recipe: Sequence[str] = ()) -> RunConfig:
     """The RunConfig of ``arm``'s seed-``seed`` run: the arm, the shared sigma (None for the
     non-private arm), the debugging seed if the config has one, then the recipe overrides."""
-    private = arm != NON_PRIVATE_ARM
+    private = arm_spec(arm).private
     seed_value = config.privacy.seed
     if seed_value is not None:
         seed_value += SEED_STRIDE * (seed - 1)
@@ -245,19 +229,11 @@ def plan_protocol(config: RunConfig, settings: ProtocolSettings, out_dir: str | 
     budget = resolve_budget(private, config.data.task)
     runs = []
     for arm in settings.all_arms():
-        seeds = (1,) if arm == NON_PRIVATE_ARM else range(1, settings.seeds + 1)
+        seeds = range(1, settings.seeds + 1) if arm_spec(arm).private else (1,)
         for k in seeds:
             cfg = arm_config(config, arm, k, budget.sigma, settings.recipe(arm))
             runs.append(RunSpec(arm, k, out_dir / "runs" / f"{arm}-seed{k}", cfg))
     return ProtocolPlan(out_dir, config, settings, budget, n_eval, tuple(runs))
-
-
-def _read_json(path: Path) -> Any:
-    """The JSON in ``path``, or None if it is missing or unreadable (an interrupted write)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
@@ -282,12 +258,9 @@ def check_existing(spec: RunSpec) -> None:
     (which reproduces the behaviour before the key existed), so such a run is refused only if
     the new config sets one of them otherwise.
     """
-    from dpgrpo.config import RunConfig
-    from dpgrpo.release import release_config_path
-
-    for path, public in ((spec.run_dir / "recovery" / "config.json", False),
-                         (release_config_path(spec.run_dir / "release"), True)):
-        saved = _read_json(path)
+    layout = RunDir(spec.run_dir)
+    for path, public in ((layout.config_json, False), (layout.public_config_path, True)):
+        saved = read_json_or_none(path)
         if saved is None:
             continue
         wanted = json.loads(json.dumps(spec.config.to_dict(public=public)))
@@ -302,14 +275,12 @@ def check_existing(spec: RunSpec) -> None:
 
 def release_complete(run_dir: Path, steps: int) -> bool:
     """Whether ``run_dir/release`` holds the adapter and certificate of all ``steps`` rounds."""
-    cert = _read_json(run_dir / "release" / "certificate.json")
-    return (isinstance(cert, dict) and cert.get("rounds_retained") == steps
-            and (run_dir / "release" / "adapter_model.safetensors").is_file())
+    return RunDir(run_dir).release_complete(steps)
 
 
 def eval_complete(eval_dir: Path, n_eval: int) -> bool:
     """Whether ``eval_dir/summary.json`` covers all ``n_eval`` problems."""
-    summary = _read_json(eval_dir / "summary.json")
+    summary = read_json_or_none(eval_dir / "summary.json")
     return isinstance(summary, dict) and summary.get("n") == n_eval
 
 
@@ -319,7 +290,7 @@ def ensure_trained(spec: RunSpec) -> str:
 
     if release_complete(spec.run_dir, spec.config.train.steps):
         return "complete"
-    if (spec.run_dir / "recovery" / "config.json").exists():
+    if RunDir(spec.run_dir).config_json.exists():
         train(None, spec.run_dir, resume=True)
         return "resumed"
     train(spec.config, spec.run_dir)
@@ -385,14 +356,15 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
         if (release_complete(spec.run_dir, steps) and eval_complete(spec.eval_dir, plan.n_eval)):
             status[spec.name] = "complete"
             say(f"{spec.name}: complete, skipped")
-            summaries[spec.name] = _read_json(spec.eval_dir / "summary.json")
+            summaries[spec.name] = read_json_or_none(spec.eval_dir / "summary.json")
         else:
             say(f"{spec.name}: training ({steps} rounds)")
             status[spec.name] = ensure_trained(spec)
             say(f"{spec.name}: {status[spec.name]}; evaluating {plan.n_eval} problems")
-            summaries[spec.name] = evaluate(plan, spec.eval_dir, adapter=spec.run_dir / "release",
+            summaries[spec.name] = evaluate(plan, spec.eval_dir,
+                                            adapter=RunDir(spec.run_dir).release,
                                             arm=spec.arm, seed=spec.seed)
-        certificates[spec.name] = _read_json(spec.run_dir / "release" / "certificate.json")
+        certificates[spec.name] = RunDir(spec.run_dir).certificate()
     epsilon = check_shared_budget(certificates)
     say("comparing every arm with the base")
     analysis = Settings(draws=plan.settings.draws, sign_draws=plan.settings.sign_draws)
@@ -416,5 +388,5 @@ def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[s
 __all__ = ["BASE_ARM", "DEFAULT_RECIPES", "LADDER_ARMS", "NON_PRIVATE_ARM", "PRIMARY_ARMS",
            "ProtocolPlan", "ProtocolResult", "ProtocolSettings", "RunSpec", "arm_config",
            "check_existing", "check_shared_budget", "ensure_trained", "eval_complete", "evaluate",
-           "load_protocol_config", "plan_protocol", "protocol_settings", "release_complete",
+           "plan_protocol", "protocol_settings", "release_complete",
            "run_protocol"]

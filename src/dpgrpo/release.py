@@ -15,6 +15,7 @@ from typing import Any
 
 from dpgrpo.errors import ConfigError, DataError, ReleaseError
 
+RELEASE_DIR = "release"  # RUN_DIR/release (the layout: rundir.RunDir)
 RELEASE_CONFIG = "dpgrpo_config.json"
 LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
 #: Everything release/ may hold (checkpoint.write_release refuses anything else).
@@ -25,7 +26,7 @@ RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", R
 def release_dir_of(path: str | Path) -> Path:
     """``path/release`` for a run directory, else ``path`` itself (a release directory)."""
     path = Path(path)
-    return path / "release" if (path / "release").is_dir() else path
+    return path / RELEASE_DIR if (path / RELEASE_DIR).is_dir() else path
 
 
 def release_config_path(release_dir: str | Path) -> Path:
@@ -60,7 +61,7 @@ def read_release_config(release_dir: str | Path) -> dict[str, Any]:
 def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
     """What ``dpgrpo eval --run`` takes from a training run: model, task, adapter, arm,
     data_dir, source, dtype, device and rollout engine of its public release config."""
-    release = Path(run_dir) / "release"
+    release = Path(run_dir) / RELEASE_DIR
     config = read_release_config(release)
     try:
         model, data, train = config["model"], config["data"], config["train"]
@@ -118,6 +119,6 @@ def push_release(path: str | Path, repo_id: str, *, private: bool = False, force
     return str(getattr(commit, "commit_url", commit))
 
 
-__all__ = ["LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_FILES", "check_publishable",
+__all__ = ["LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_DIR", "RELEASE_FILES", "check_publishable",
            "eval_defaults", "push_release", "read_release_config", "release_config_path",
            "release_dir_of"]

@@ -27,13 +27,14 @@ from dpgrpo.config import RunConfig, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, DPGRPOError, LedgerError, RecoveryError
 from dpgrpo.privacy.accounting import PrivacyLedger
 from dpgrpo.privacy.journal import PrivacyJournal
+from dpgrpo.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 
 def read_run_config(run_dir: Path) -> RunConfig:
     """The full config saved in ``recovery/config.json`` (else ``config.toml``, its twin)."""
-    json_path, toml_path = run_dir / "recovery" / "config.json", run_dir / "recovery" / "config.toml"
+    json_path, toml_path = RunDir(run_dir).config_json, RunDir(run_dir).config_toml
     if not json_path.exists() and not toml_path.exists():
         raise ConfigError(f"{run_dir} is not a dpgrpo run directory (no recovery/config.json)")
     problems = []
@@ -92,7 +93,7 @@ def _ledger_rounds(data: Any, source: str, q: float, sigma: float) -> int | None
 def gather_evidence(run_dir: Path, q: float, sigma: float,
                     restored: Checkpoint | None) -> list[Evidence]:
     """Every record besides the journal that bounds the rounds charged from below."""
-    recovery, found = run_dir / "recovery", []
+    recovery, found = RunDir(run_dir).recovery, []
 
     def add(rounds: Any, source: str) -> None:
         if isinstance(rounds, int) and rounds > 0:
@@ -110,7 +111,7 @@ def gather_evidence(run_dir: Path, q: float, sigma: float,
                            sigma), f"{restored.path.name}/state.pt (its ledger)")
     add(_ledger_rounds(_json(recovery / "ledger.json"), str(recovery / "ledger.json"), q, sigma),
         "recovery/ledger.json")
-    cert = _json(run_dir / "release" / "certificate.json")
+    cert = _json(RunDir(run_dir).certificate_path)
     if isinstance(cert, dict):
         if {"q", "sigma"} <= cert.keys() and (cert["q"], cert["sigma"]) != (q, sigma):
             raise LedgerError(f"{run_dir / 'release' / 'certificate.json'} certifies q = "
@@ -162,15 +163,12 @@ def check_charged(rounds_charged: int, rounds_retained: int, where: str) -> None
 
 def release_is_current(run_dir: Path, round_done: int, rounds_charged: int) -> bool:
     """Whether ``release/`` holds the adapter of ``round_done`` with the current ledger."""
-    release = run_dir / "release"
-    try:
-        cert = json.loads((release / "certificate.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
+    layout = RunDir(run_dir)
+    cert = layout.certificate()
     names = {"adapter_model.safetensors", "adapter_config.json", "dpgrpo_config.json"}
-    return (isinstance(cert, dict) and cert.get("rounds_retained") == round_done
+    return (cert is not None and cert.get("rounds_retained") == round_done
             and cert.get("rounds_charged") == rounds_charged
-            and all((release / name).is_file() for name in names))
+            and all((layout.release / name).is_file() for name in names))
 
 
 __all__ = ["Evidence", "check_charged", "gather_evidence", "read_run_config", "reconcile",

@@ -17,24 +17,22 @@ from typing import Any
 import torch
 
 from dpgrpo import __version__
+from dpgrpo.arm_table import ARMS, arm_spec
 from dpgrpo.config import RunConfig
 from dpgrpo.distributed import DistContext, barrier, broadcast_object, device_for
-from dpgrpo.errors import ConfigError, PrivacyBudgetError
 from dpgrpo.privacy.accounting import (
     ACCOUNTANT,
     NEIGHBOURING_RELATION,
     PrivacyLedger,
     accountant_version,
-    calibrate,
-    compute_epsilon,
-    default_delta,
-    sampling_rate,
 )
+from dpgrpo.privacy.budget import public_constants, public_slots
 from dpgrpo.privacy.contributors import CONTRIBUTOR, ProblemChooser, as_contributors
-from dpgrpo.privacy.contributors import contributor_slots, unit_description
+from dpgrpo.privacy.contributors import unit_description
 from dpgrpo.privacy.figures import neighbour_figures
 from dpgrpo.privacy.noise import GENERATOR, NoiseSource, check_noise_tail, noise_tail_delta
-from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount, public_slot_count
+from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount
+from dpgrpo.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -135,31 +133,19 @@ def resolve_device(name: str) -> torch.device:
 
 def _slots(config: RunConfig, task: Any, run_dir: Path,
            ctx: DistContext) -> tuple[list[Any], SlotCount]:
-    """n public slots: the split's first valid problems, absent slots, then the canaries."""
-    from dpgrpo.tasks import load_split
-    from dpgrpo.tasks.custom import check_public_n
-
-    data = config.data
-    check_public_n(task, data.n_slots, data.limit)  # a private list's length is not public
-    loaded = load_split(task, data.split, data.data_dir, source=data.source,
-                        skip_invalid=data.skip_invalid)
-    if loaded.skipped:  # the count is private: debug level only (invariant 6)
+    """n public slots (:func:`~dpgrpo.privacy.budget.public_slots`): the split's first valid
+    problems, absent slots, then the canaries."""
+    found = public_slots(config, task)
+    if found.skipped:  # the count is private: debug level only (invariant 6)
         log.debug("skipped %d invalid records; `dpgrpo data summary --skip-invalid` lists them",
-                  len(loaded.skipped))
-    problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
-    k = config.audit.canaries
-    if data.privacy_unit == CONTRIBUTOR:  # the record is a contributor (privacy/contributors.py)
-        contributors, count = contributor_slots(data, task, loaded, k)
-        canaries = _canary_slots(config, run_dir, ctx, first_slot=count.n - k) if k else []
-        return contributors + as_contributors(canaries), count
-    count = public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
-                              source_rows=len(loaded.problems) + len(loaded.skipped),
-                              canaries=k, embedded=not task.needs_data_dir)
-    slots: list[Any] = [(task, p) for p in problems]
+                  found.skipped)
+    k, count = config.audit.canaries, found.count
+    canaries = _canary_slots(config, run_dir, ctx, first_slot=count.n - k) if k else []
+    if found.contributors is not None:  # the record is a contributor (privacy/contributors.py)
+        return found.contributors + as_contributors(canaries), count
+    slots: list[Any] = [(task, p) for p in found.problems]
     slots += [None] * (count.n - k - len(slots))  # absent records: they contribute zero
-    if k:
-        slots += _canary_slots(config, run_dir, ctx, first_slot=count.n - k)
-    return slots, count
+    return slots + canaries, count
 
 
 def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot: int) -> list[Any]:
@@ -168,7 +154,7 @@ def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot
     from dpgrpo.tasks import get_task
 
     k = config.audit.canaries
-    plan_path = run_dir / "recovery" / "canaries.json"
+    plan_path = RunDir(run_dir).canaries
     if ctx.active and not ctx.is_main:  # rank 0 draws the secret bits; the others read them
         barrier(ctx)
         plan = CanaryPlan.load(plan_path)
@@ -210,30 +196,9 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     run_dir.mkdir(parents=True, exist_ok=True)
     task = get_task(config.data.task)
     slots, count = _slots(config, task, run_dir, ctx)
-    n = count.n
-    p = config.privacy
-    if p.expected_batch > n:
-        raise ConfigError(f"privacy.expected_batch = {p.expected_batch} exceeds n = {n} slots")
-    q = sampling_rate(n, p.expected_batch)
-    delta = p.delta if p.delta is not None else default_delta(n)
-    if config.private and p.seed is None and not delta < 1.0 / n:
-        raise PrivacyBudgetError(
-            f"privacy.delta = {delta:.3g} is at least 1/n = {1.0 / n:.3g}: a mechanism that "
-            "publishes one random record whole meets such a delta; a releasable run needs "
-            "delta < 1/n (default 1/(10 n))")
-    steps = config.train.steps
-    if not config.private:
-        sigma = 0.0
-        clip = p.clip_norm if config.train.clip_nonprivate else math.inf
-    elif p.noise_multiplier is not None:
-        sigma, clip = p.noise_multiplier, p.clip_norm
-    else:
-        try:
-            sigma = calibrate(n, p.expected_batch, steps, p.epsilon, delta).sigma
-        except PrivacyBudgetError as err:
-            raise ConfigError(f"privacy.epsilon = {p.epsilon} is unreachable with n = {n}, "
-                              f"m = {p.expected_batch}, T = {steps}: {err}") from None
-        clip = p.clip_norm
+    public = public_constants(config, count.n, refuse_weak_delta=True)
+    n, q, delta, sigma, clip = public.n, public.q, public.delta, public.sigma, public.clip_norm
+    p, steps = config.privacy, public.steps
     device = device_for(ctx, resolve_device(config.model.device))
     if config.train.rollout_engine == "vllm":  # refuse before any round, not at the first one
         from dpgrpo.rollout.vllm_engine import require_vllm
@@ -246,8 +211,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
     torch.manual_seed(init_seed)
     m = config.model
-    lora = LoraSettings(rank=m.lora_rank, alpha=m.lora_alpha, dropout=m.lora_dropout,
-                        target_modules=tuple(m.target_modules), layers=m.lora_layers)
+    lora = LoraSettings.from_config(m)
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
@@ -271,7 +235,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     return RunState(config=config, run_dir=run_dir, device=device, slots=slots, n=n, q=q,
                     delta=delta, sigma=sigma, clip_norm=clip,
                     sampler=PoissonSampler(n, q, seed=seed),
-                    noise=NoiseSource(seed=None if seed is None else seed + 1, device=device),
+                    noise=NoiseSource(seed=None if seed is None else seed + 1),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
                     coordinates=coordinates, _rollout_gen=rollout_gen, chooser=chooser)
@@ -280,7 +244,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
 def record_isolation(rollout_mode: str, engine: str = "transformers",
                      privacy_unit: str = "prompt") -> dict[str, str]:
     """What the run did about assumption A2's execution gaps (stated in the certificate)."""
-    from dpgrpo.rollout.engine import isolation_statement
+    from dpgrpo.rollout.factory import isolation_statement
 
     gradients = ("exact: every pass holds rows of one prompt on that prompt's own columns, "
                  "so its gradient and reference log-probs are bit-identical whatever its "
@@ -300,6 +264,7 @@ def record_isolation(rollout_mode: str, engine: str = "transformers",
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
     """The privacy certificate written to release/certificate.json."""
     cfg = run.config
+    arm = arm_spec(cfg.train.arm)
     eps = ledger.epsilon(run.delta) if cfg.private else math.inf
     rdp, order = ledger.rdp_epsilon(run.delta) if cfg.private else (math.inf, math.nan)
     releasable = cfg.private and not run.seeded and run.noise.releasable and run.sampler.releasable
@@ -323,10 +288,11 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "record_isolation": record_isolation(cfg.train.rollout_isolation,
                                              cfg.train.rollout_engine, cfg.data.privacy_unit),
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
-        "shared_budget": ("every arm (dp-grpo, zero-advantage, ladder, filtered-sft, gold-sft) run "
-                          f"with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
+        "shared_budget": (f"every private arm ({', '.join(a for a in ARMS if ARMS[a].private)}) "
+                          f"run with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
                           f"T = {cfg.train.steps} and delta = {run.delta:.6g} has exactly this "
-                          "epsilon: only the per-record gradient differs (Corollary 2)"),
+                          "epsilon: only the per-record gradient differs (Corollary 2); this "
+                          f"run's arm, {arm.name}: {arm.description}"),
     }
     if cfg.private and math.isfinite(eps):
         # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
@@ -335,9 +301,9 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:
         cert["not_releasable_because"] = (
-            "non-private arm (sigma = 0)" if not cfg.private else
+            f"{arm.name} arm: {arm.description}" if not cfg.private else
             "seeded generators (privacy.seed): sampling coins and noise are reproducible")
     return cert
 
 
-__all__ = ["RunState", "build_run", "certificate", "record_isolation", "compute_epsilon", "resolve_device"]
+__all__ = ["RunState", "build_run", "certificate", "record_isolation", "resolve_device"]

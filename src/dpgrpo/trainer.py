@@ -47,6 +47,7 @@ from dpgrpo.resume import release_is_current
 from dpgrpo.run_setup import RunState, build_run, certificate
 from dpgrpo.runlock import RunLock
 from dpgrpo.runtime import bound_heap_growth, release_free_memory
+from dpgrpo.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     if not ctx.is_main:
         return _train(config, run_dir, ctx, resume, progress, stop_after, show_private)
     created = _first_missing(run_dir)
-    made_recovery = not (run_dir / "recovery").exists()
+    made_recovery = not RunDir(run_dir).recovery.exists()
     with RunLock(run_dir):
         try:
             return _train(config, run_dir, ctx, resume, progress, stop_after, show_private)
@@ -109,7 +110,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     with quiet_model_loading():
         run = build_run(config, run_dir, ctx)
-    journal = PrivacyJournal(run_dir / "recovery" / "journal.jsonl", run.q, run.sigma)
+    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma)
     notes: list[str] = []
     if resume:
         start = _restore(run, journal, ctx, notes)
@@ -118,7 +119,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         if ctx.is_main:
             _write_recovery_config(run)
             journal.open()
-    arm = make_arm(run)
+    arm = make_arm(config, run.policy, run.task)
     laps = arm.laps  # wall-clock per phase: public metrics (train.metrics), never data
     metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True))
                if ctx.is_main else None)
@@ -148,7 +149,7 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                                         ctx=ctx)                      # lines 7-8
         laps.mark("mechanism")
         if update.finite:                                             # line 9
-            _apply(run, update.update)
+            _apply(run.model, run.optimizer, update.update)
         else:
             skipped += 1                                              # still charged
         laps.mark("step")
@@ -161,7 +162,8 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         done_here += 1
         release_free_memory()                                         # RSS back to baseline
         if (progress is not None or metrics is not None) and ctx.is_main:
-            public = {"round": t + 1, "steps": steps, "epsilon": _epsilon_so_far(journal, run),
+            public = {"round": t + 1, "steps": steps,
+                      "epsilon": _epsilon_so_far(journal, config.private, run.delta),
                       "elapsed": time.perf_counter() - started}
             if metrics is not None:                                   # public values only
                 metrics.log({**public, "time/round": time.perf_counter() - tic, **laps.row()})
@@ -176,12 +178,12 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         if stop_after is not None and done_here >= stop_after and t + 1 < steps:
             if metrics is not None:
                 metrics.close()
-            return TrainResult(run_dir, run_dir / "release", {}, t + 1, skipped,  # "crash"
+            return TrainResult(run_dir, RunDir(run_dir).release, {}, t + 1, skipped,  # "crash"
                                tuple(notes))
     if metrics is not None:
         metrics.close()
-    cert = json.loads((run_dir / "release" / "certificate.json").read_text())
-    return TrainResult(run_dir, run_dir / "release", cert, steps, skipped, tuple(notes))
+    cert = json.loads(RunDir(run_dir).certificate_path.read_text())
+    return TrainResult(run_dir, RunDir(run_dir).release, cert, steps, skipped, tuple(notes))
 
 
 def _grad_method(config: RunConfig) -> str:
@@ -194,30 +196,30 @@ def _grad_method(config: RunConfig) -> str:
     return "reference" if lean else "fast"
 
 
-def _apply(run: RunState, update: dict[str, torch.Tensor]) -> None:
+def _apply(model: Any, optimizer: torch.optim.Optimizer, update: dict[str, torch.Tensor]) -> None:
     """Use the privatized update as the gradient of an AdamW step (fp32 optimizer state)."""
-    params = trainable_parameters(run.model)
+    params = trainable_parameters(model)
     for name, param in params.items():
         param.grad = update[name].to(device=param.device, dtype=param.dtype)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
-def _epsilon_so_far(journal: PrivacyJournal, run: RunState) -> float:
+def _epsilon_so_far(journal: PrivacyJournal, private: bool, delta: float) -> float:
     """A certified upper bound for the progress bar: PLD on a coarse (1e-2) pessimistic grid."""
     ledger = journal.ledger()
-    if not run.config.private:
+    if not private:
         return math.inf
-    return pld_epsilon(ledger.events, run.delta, value_discretization_interval=1e-2)
+    return pld_epsilon(ledger.events, delta, value_discretization_interval=1e-2)
 
 
 def _checkpoint(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
     ledger = journal.ledger()
-    check_charged(ledger.rounds, round_done, str(run.run_dir / "recovery"))
-    save_recovery(run.run_dir / "recovery", round_done, model=run.model, optimizer=run.optimizer,
-                  generators=run.generator_states(),
+    check_charged(ledger.rounds, round_done, str(RunDir(run.run_dir).recovery))
+    save_recovery(RunDir(run.run_dir).recovery, round_done, model=run.model,
+                  optimizer=run.optimizer, generators=run.generator_states(),
                   extra={"steps_skipped": run.steps_skipped, "ledger": ledger.to_dict()})
-    append_lines(run.run_dir / "recovery" / "telemetry.jsonl",
+    append_lines(RunDir(run.run_dir).telemetry,
                  [json.dumps(row) for row in run.telemetry])
     run.telemetry.clear()
     _publish(run, journal, round_done)
@@ -226,23 +228,23 @@ def _checkpoint(run: RunState, journal: PrivacyJournal, round_done: int) -> None
 def _publish(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
     """ledger.json and the release of the model as it is after ``round_done`` rounds."""
     ledger = journal.ledger()
-    check_charged(ledger.rounds, round_done, str(run.run_dir / "release"))
-    atomic_write_json(run.run_dir / "recovery" / "ledger.json", ledger.to_dict())
+    check_charged(ledger.rounds, round_done, str(RunDir(run.run_dir).release))
+    atomic_write_json(RunDir(run.run_dir).ledger, ledger.to_dict())
     cert = certificate(run, ledger, round_done)
-    write_release(run.run_dir / "release", model=run.model, config=run.config.to_dict(public=True),
-                  certificate=cert)
+    write_release(RunDir(run.run_dir).release, model=run.model,
+                  config=run.config.to_dict(public=True), certificate=cert)
 
 
 def _write_recovery_config(run: RunState) -> None:
     """The full config (seed included) goes to recovery/; release/ gets the public one later."""
-    atomic_write_json(run.run_dir / "recovery" / "config.json", run.config.to_dict(public=False))
-    atomic_write_text(run.run_dir / "recovery" / "config.toml", to_toml(run.config))
+    atomic_write_json(RunDir(run.run_dir).config_json, run.config.to_dict(public=False))
+    atomic_write_text(RunDir(run.run_dir).config_toml, to_toml(run.config))
 
 
 def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: list[str]) -> int:
     """Restore the newest intact checkpoint, make the journal charge at least every round any
     record proves, and bring release/ up to that checkpoint; return the next round index."""
-    found = load_checkpoint(run.run_dir / "recovery")
+    found = load_checkpoint(RunDir(run.run_dir).recovery)
     if found is not None:
         notes += [f"checkpoint {d} is damaged; resuming from {found.path.name}"
                   for d in found.damaged]
@@ -271,10 +273,11 @@ def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: li
 
 def _holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds any privacy record of an earlier run."""
-    recovery = run_dir / "recovery"
-    journal = recovery / "journal.jsonl"
-    return ((journal.exists() and journal.stat().st_size > 0) or bool(checkpoint_dirs(recovery))
-            or (recovery / "ledger.json").exists() or (run_dir / "release").exists())
+    layout = RunDir(run_dir)
+    journal = layout.journal
+    return ((journal.exists() and journal.stat().st_size > 0)
+            or bool(checkpoint_dirs(layout.recovery)) or layout.ledger.exists()
+            or layout.release.exists())
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -289,12 +292,12 @@ def _first_missing(path: Path) -> Path | None:
 
 def _remove_failed_start(run_dir: Path, created: Path | None, made_recovery: bool) -> None:
     """Undo a fresh start that failed before any round was charged (nothing touched data)."""
-    journal = run_dir / "recovery" / "journal.jsonl"
+    journal = RunDir(run_dir).journal
     if journal.exists() and journal.stat().st_size > 0:
         return  # rounds were charged: the records must stay
     if created is None:
         if made_recovery:
-            shutil.rmtree(run_dir / "recovery", ignore_errors=True)
+            shutil.rmtree(RunDir(run_dir).recovery, ignore_errors=True)
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     for folder in run_dir.parents:  # the parents this call created, if left empty

@@ -12,9 +12,10 @@ from dpgrpo.audit.scoring import (
     gold_baseline_scores,
     token_stats,
 )
-from dpgrpo.audit.testing import register_toy_task, toy_problems
 from dpgrpo.model import LoraSettings, load_adapter, load_policy
 from dpgrpo.tasks import get_task
+
+from audit_toy import register_toy_task, toy_problems
 
 SETTINGS = SamplingSettings(n_samples=2, max_new_tokens=6)
 
@@ -32,7 +33,7 @@ def zero_policy(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def toy_policy(tiny_model_dir, tmp_path_factory):
-    from dpgrpo.audit.testing import make_toy_run
+    from audit_toy import make_toy_run
 
     run = make_toy_run(tmp_path_factory.mktemp("run"), tiny_model_dir)
     return load_adapter(str(tiny_model_dir), run / "release")

@@ -14,7 +14,7 @@ from dpgrpo.objectives.grpo import (ADVANTAGE_MODES, GRPOObjective, build_grpo_b
                                     compute_advantages, group_advantages, k3_kl,
                                     reference_logprobs, token_logprobs)
 from dpgrpo.rollout import generate
-from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer
 
 
 def test_group_advantages_by_hand():

@@ -11,7 +11,6 @@ from dpgrpo.errors import PrivacyBudgetError
 from dpgrpo.privacy.accounting import (
     PrivacyLedger,
     RoundEvent,
-    calibrate,
     compute_epsilon,
     default_delta,
     group_epsilon,
@@ -20,6 +19,7 @@ from dpgrpo.privacy.accounting import (
     replace_one,
     replace_one_epsilon,
 )
+from dpgrpo.privacy.calibration import calibrate
 
 # (n, m, sigma at full precision (Table VII), T, PLD eps (Table VI), RDP eps, RDP order)
 TABLE_VI = [

@@ -19,7 +19,7 @@ def _inclusion_matrix(sampler: PoissonSampler, trials: int) -> np.ndarray:
 def test_appendix_b_gate_os_entropy():
     """6 slots, q = 0.2, 20,000 trials: frequency error < 0.012, correlation < 0.035."""
     sampler = PoissonSampler(6, 0.2)
-    assert sampler.releasable and not sampler.seeded
+    assert sampler.releasable and sampler.secure
     x = _inclusion_matrix(sampler, 20_000)
     assert np.abs(x.mean(axis=0) - 0.2).max() < 0.012
     corr = np.corrcoef(x, rowvar=False)

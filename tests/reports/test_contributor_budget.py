@@ -77,7 +77,7 @@ def test_a_calibrated_comparison_targets_the_same_epsilon_at_the_same_delta(tmp_
     (so the prompt-level row promises the same epsilon per problem)."""
     from types import SimpleNamespace
 
-    import dpgrpo.privacy.accounting as accounting
+    import dpgrpo.privacy.calibration as accounting  # calibrate's module
 
     calls = []
 

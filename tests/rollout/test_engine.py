@@ -11,8 +11,9 @@ import torch
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout import RolloutBatch, generate, hf_generate, make_engine
 from dpgrpo.rollout import decode as decode_module
-from dpgrpo.rollout.engine import isolation_statement, plan_calls
-from dpgrpo.testing import tiny_fp64_policy
+from dpgrpo.rollout.engine import plan_calls
+from dpgrpo.rollout.factory import isolation_statement
+from dpgrpo.verify.fixtures import tiny_fp64_policy
 
 MSGS = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many are there now, Tom?",
         "Add 5 and 9."]

@@ -7,7 +7,7 @@ import torch
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout import RolloutBatch, generate
-from dpgrpo.testing import build_tiny_model, build_tiny_tokenizer
+from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer
 
 MSGS = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many?"]
 

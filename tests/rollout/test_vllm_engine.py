@@ -16,7 +16,7 @@ import torch
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout import make_engine
 from dpgrpo.rollout.batch import chat_prompt_ids
-from dpgrpo.testing import tiny_fp64_policy
+from dpgrpo.verify.fixtures import tiny_fp64_policy
 
 MSGS = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many are there now?",
         "Add 5 and 9."]

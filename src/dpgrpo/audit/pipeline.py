@@ -10,7 +10,6 @@ guesses.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from dpgrpo.audit.mia import MIAResult, evaluate_diba, hardness_split
 from dpgrpo.audit.one_run import OneRunResult, one_run_audit
 from dpgrpo.audit.scoring import SamplingSettings, diba_feature_rows, gold_baseline_scores
 from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.rundir import RunDir
 from dpgrpo.tasks import Problem
 
 
@@ -43,39 +43,28 @@ class RunInfo:
 
     @property
     def canary_plan_path(self) -> Path:
-        return self.run_dir / "recovery" / "canaries.json"
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError("file not found", path=str(path)) from None
-    except json.JSONDecodeError as err:
-        raise DataError(f"invalid JSON: {err}", path=str(path)) from None
+        return RunDir(self.run_dir).canaries
 
 
 def read_run(run_dir: str | Path) -> RunInfo:
     """Read ``release/dpgrpo_config.json`` (an old release's ``config.json``) and
-    ``release/certificate.json`` (optional)."""
-    from dpgrpo.release import read_release_config, release_config_path
-
-    run_dir = Path(run_dir)
-    release = run_dir / "release"
-    config = read_release_config(release)
+    ``release/certificate.json`` (optional; DataError when present but unreadable)."""
+    layout = RunDir(run_dir)
+    config = layout.public_config()
     model = config.get("model", {})
     name = model.get("name") if isinstance(model, dict) else model
     if not name:
-        raise DataError("no model name", path=str(release_config_path(release)), field="model.name")
+        raise DataError("no model name", path=str(layout.public_config_path), field="model.name")
     data = config.get("data", {})
     task = config.get("task", {})
     task_name = task.get("name") if isinstance(task, dict) else task
     if not task_name and isinstance(data, dict):  # a dpgrpo training run: data.task
         task_name = data.get("task")
-    cert_path = release / "certificate.json"
-    cert = _read_json(cert_path) if cert_path.exists() else {}
+    cert = layout.certificate() if layout.certificate_path.exists() else {}
+    if cert is None:
+        raise DataError("unreadable certificate", path=str(layout.certificate_path))
     eps, delta = cert.get("epsilon"), cert.get("delta")
-    return RunInfo(run_dir, release, str(name), task_name,
+    return RunInfo(layout.root, layout.release, str(name), task_name,
                    None if eps is None else float(eps), None if delta is None else float(delta),
                    config)
 

@@ -53,7 +53,7 @@ def calibrate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The smallest noise multiplier sigma whose PLD epsilon meets the target."""
-    from dpgrpo.privacy.accounting import calibrate
+    from dpgrpo.privacy.calibration import calibrate
 
     cal = calibrate(n, expected_batch, steps, epsilon, delta)
     _emit({"sigma": cal.sigma, "epsilon": cal.epsilon, "target_epsilon": cal.target_epsilon,

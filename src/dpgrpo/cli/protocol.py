@@ -43,8 +43,8 @@ def protocol_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Train every arm per seed, evaluate each the same way, compare with the base; resumable."""
-    from dpgrpo.protocol import load_protocol_config, plan_protocol, protocol_settings
-    from dpgrpo.protocol import run_protocol
+    from dpgrpo.config import load_protocol_config
+    from dpgrpo.protocol import plan_protocol, protocol_settings, run_protocol
 
     from dpgrpo.errors import ConfigError
 

@@ -94,7 +94,9 @@ def _check_inputs(cfg) -> None:
 
 def _interrupted(run_dir: Path) -> NoReturn:
     """Ctrl-C: say what was kept and how to continue; exit status 130 (128 + SIGINT)."""
-    journal = run_dir / "recovery" / "journal.jsonl"
+    from dpgrpo.rundir import RunDir
+
+    journal = RunDir(run_dir).journal
     if journal.exists() and journal.stat().st_size > 0:
         typer.secho(f"interrupted: every round started so far is charged to the privacy ledger "
                     f"({journal}); continue with: dpgrpo train --resume {run_dir}",

@@ -62,12 +62,6 @@ def compute_advantages(rewards: torch.Tensor, mode: str = "group", *,
     return group_advantages(rewards.gather(1, perm), eps)
 
 
-def first_loss_column(loss_mask: torch.Tensor) -> int:
-    """First column where any row has a loss token (0 if none): logits before it are unused."""
-    cols = loss_mask.bool().any(dim=0).nonzero()
-    return int(cols[0]) if len(cols) else loss_mask.shape[1]
-
-
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Eq. (3) per-token KL estimator: exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
     delta = ref_logp - logp

@@ -10,9 +10,9 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "accounting": ["Calibration", "EpsilonReport", "PrivacyLedger", "RoundEvent", "calibrate",
-                   "calibrate_sigma", "compute_epsilon", "default_delta", "group_privacy",
-                   "pld_epsilon", "rdp_epsilon", "replace_one"],
+    "accounting": ["EpsilonReport", "PrivacyLedger", "RoundEvent", "compute_epsilon",
+                   "default_delta", "group_privacy", "pld_epsilon", "rdp_epsilon", "replace_one"],
+    "calibration": ["Calibration", "calibrate", "calibrate_sigma"],
     "mechanism": ["ClippedSum", "PrivatizedUpdate", "add_gaussian_noise", "clip_and_sum",
                   "clip_per_record", "clip_sum_count", "noise_and_scale",
                   "per_record_norms", "privatize", "sanitize_nonfinite"],

@@ -9,8 +9,8 @@ the clipping norm C, the loss or the verifier (Theorem 1).
   Google's ``dp_accounting`` (add-or-remove neighbours, pessimistic connect-the-dots
   discretization), so every reported epsilon upper-bounds the ideal mechanism's (Section VI-C).
 * :func:`rdp_epsilon` reports the Renyi-DP value beside it as a cross-check (Appendix A-F).
-* :func:`calibrate` finds the smallest sigma whose PLD epsilon meets a target; it never
-  overshoots: the returned sigma is certified by an evaluation at the default discretization.
+* :func:`dpgrpo.privacy.calibration.calibrate` (its own module, which builds on this one)
+  finds the smallest sigma whose PLD epsilon meets a target; it never overshoots.
 * :class:`PrivacyLedger` is the record of every round that touched data; epsilon is recomputed
   from it, never stored as the only truth.
 * :func:`replace_one_epsilon` and :func:`group_epsilon` account the same ledger directly under
@@ -298,18 +298,7 @@ def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
     return k * epsilon, k * math.exp((k - 1) * epsilon) * delta
 
 
-_CALIBRATION = ("Calibration", "calibrate", "calibrate_sigma")
-
-
-def __getattr__(name: str) -> object:
-    """Calibration lives in :mod:`dpgrpo.privacy.calibration`; re-exported here lazily."""
-    if name in _CALIBRATION:
-        from dpgrpo.privacy import calibration
-
-        return getattr(calibration, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-__all__ = ["ACCOUNTANT", "Calibration", "EpsilonReport", "NEIGHBOURING_RELATION", "PrivacyLedger",
-           "RoundEvent", "accountant_version", "calibrate", "calibrate_sigma", "compute_epsilon",
+__all__ = ["ACCOUNTANT", "EpsilonReport", "NEIGHBOURING_RELATION", "PrivacyLedger",
+           "RoundEvent", "accountant_version", "compute_epsilon",
            "default_delta", "group_epsilon", "group_privacy", "pld_epsilon", "private_rounds",
            "rdp_epsilon", "replace_one", "replace_one_epsilon", "sampling_rate"]

@@ -108,9 +108,9 @@ def as_contributors(slots: Sequence[tuple[Any, Any] | None]) -> list[Contributor
 class ProblemChooser:
     """Which k of a sampled contributor's problems a round uses (hidden randomness, A3).
 
-    Each problem gets a fresh 128-bit key from ``os.urandom`` (or from the debugging seed's
-    stream); the k smallest keys win: a uniformly random k-subset. A contributor with at most
-    k problems uses all of them.
+    Each problem gets a fresh 128-bit key from ``os.urandom`` (secure mode) or from the
+    debugging seed's stream (seeded mode); the k smallest keys win: a uniformly random k-subset.
+    A contributor with at most k problems uses all of them.
     """
 
     def __init__(self, k: int, *, seed: int | None = None,
@@ -122,8 +122,13 @@ class ProblemChooser:
         self._entropy = entropy or os.urandom
 
     @property
-    def releasable(self) -> bool:
+    def secure(self) -> bool:
+        """Whether the keys come from OS entropy (no seed)."""
         return self._rng is None
+
+    @property
+    def releasable(self) -> bool:
+        return self.secure
 
     def choose(self, m: int) -> list[int]:
         """Sorted indices of the problems used, out of ``m``."""

@@ -179,9 +179,6 @@ class PrivacyJournal:
             ledger.record(self.sampling_rate, self.noise_multiplier, self.rounds)
         return ledger
 
-    def entries(self) -> int:
-        return self.rounds
-
     def _write(self, kind: str, *, round_index: int, count: int, note: str | None = None) -> None:
         record: dict[str, Any] = {
             "seq": self._seq + 1, "kind": kind, "round": round_index, "count": count,

@@ -1,10 +1,11 @@
 """Poisson sampling over n public slots (Algorithm 1, line 2).
 
 Every round, each slot is present independently with probability q, including rounds in which no
-slot is drawn (an empty batch still takes a noise-only step and is charged). The coins come from
-the operating system's entropy pool (``os.urandom``) unless the user supplies a seed, which is for
-debugging only: a seeded run is marked as not releasable (invariant 4), and its generator state is
-kept in ``recovery/``, never in ``release/``.
+slot is drawn (an empty batch still takes a noise-only step and is charged). In *secure* mode (the
+default) the coins come from the operating system's entropy pool (``os.urandom``); *seeded* mode,
+for debugging only, draws them from the user's seed: a seeded run is marked as not releasable
+(invariant 4), and its generator state is kept in ``recovery/``, never in ``release/``. The words
+are the noise's (:class:`dpgrpo.privacy.noise.NoiseSource`).
 
 The number of slots n is public (assumption A1): :func:`public_slot_count` fixes it from the
 configuration, never from how many records turned out to be valid.
@@ -71,7 +72,7 @@ def public_slot_count(*, n_slots: int | None, limit: int | None, problems: int,
 
 
 def read_entropy(nbytes: int) -> bytes:
-    """The operating system's cryptographic source (one call per round for OS-entropy coins)."""
+    """The operating system's cryptographic source (one call per round in secure mode)."""
     return os.urandom(nbytes)
 
 
@@ -81,9 +82,9 @@ class PoissonSampler:
     Args:
         n: number of public slots (a public constant, chosen without looking at the data).
         q: inclusion probability of each slot, usually m / n.
-        seed: ``None`` (default) for OS entropy; an integer makes the run reproducible and
-            therefore not releasable.
-        entropy: the coin source for OS-entropy mode (default :func:`read_entropy`); tests pass
+        seed: ``None`` (default) for secure mode (OS-entropy coins); an integer for seeded mode,
+            which makes the run reproducible and therefore not releasable.
+        entropy: the coin source in secure mode (default :func:`read_entropy`); tests pass
             a recorder.
     """
 
@@ -98,13 +99,14 @@ class PoissonSampler:
         self._rng = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
 
     @property
-    def seeded(self) -> bool:
-        return self._rng is not None
+    def secure(self) -> bool:
+        """Whether the coins come from OS entropy (no seed)."""
+        return self._rng is None
 
     @property
     def releasable(self) -> bool:
-        """Only OS-entropy coins give the hidden randomness assumption (A3) its meaning."""
-        return not self.seeded
+        """Only secure (OS-entropy) coins give the hidden randomness assumption (A3) its meaning."""
+        return self.secure
 
     @property
     def expected_batch(self) -> float:
@@ -122,7 +124,7 @@ class PoissonSampler:
         return np.flatnonzero(self._uniforms() < self.q).astype(np.int64)
 
     def state_dict(self) -> dict[str, Any]:
-        """Generator state for recovery files (empty for OS entropy: nothing to restore)."""
+        """Generator state for recovery files (secure mode: nothing to restore)."""
         if self._rng is None:
             return {"source": "os-entropy"}
         return {"source": "seeded", "seed": self.seed, "bit_generator": self._rng.bit_generator.state}
@@ -130,5 +132,5 @@ class PoissonSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("source") == "seeded":
             if self._rng is None:
-                raise PrivacyBudgetError("cannot restore a seeded sampler state into an OS-entropy sampler")
+                raise PrivacyBudgetError("cannot restore a seeded sampler state into a secure sampler")
             self._rng.bit_generator.state = state["bit_generator"]

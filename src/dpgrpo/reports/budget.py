@@ -5,12 +5,11 @@ quantities alone (assumption A1): the number of slots n, the expected batch m = 
 multiplier sigma and the number of rounds T, at delta = ``privacy.delta`` or 1/(10 n). The loss,
 clipping norm, learning rate, group size and verifier do not enter it (Corollary 2).
 
-* n is fixed by :func:`dpgrpo.privacy.sampling.public_slot_count`, as :mod:`dpgrpo.run_setup`
-  fixes it: ``data.n_slots``, else ``data.limit`` + canaries, else the split's size (the
+* n, q, delta and sigma come from :mod:`dpgrpo.privacy.budget`, the resolver the trainer
+  uses: n = ``data.n_slots``, else ``data.limit`` + canaries, else the split's size (the
   embedded task, or the raw row count of the source file) + canaries; the split is loaded to
-  count it (and to check n against the records), the model is not.
-* sigma is ``privacy.noise_multiplier`` if set, else calibrated from ``privacy.epsilon``
-  (:func:`dpgrpo.privacy.accounting.calibrate`; the same calibration the trainer runs).
+  count it (and to check n against the records), the model is not. sigma is
+  ``privacy.noise_multiplier`` if set, else calibrated from ``privacy.epsilon``.
 * a contributor-level configuration (``data.privacy_unit = "contributor"``, n = contributor
   slots) also gets a :class:`ContributorComparison`: what prompt-level DP on the same data (the
   same configuration with ``privacy_unit = "prompt"``) guarantees a contributor of k =
@@ -75,29 +74,12 @@ class ContributorComparison:
 
 
 def count_slots(config: RunConfig) -> int:
-    """The public n a run of ``config`` uses (:func:`~dpgrpo.privacy.sampling.public_slot_count`).
+    """The public n a run of ``config`` uses (:func:`dpgrpo.privacy.budget.public_slots`, as
+    the trainer counts it), without loading a model or writing a canary plan. Raises
+    ConfigError if n is below the record count."""
+    from dpgrpo.privacy.budget import public_slots
 
-    Mirrors the slot logic of :func:`dpgrpo.run_setup.build_run` without loading a model or
-    writing a canary plan. Raises ConfigError if n is below the record count.
-    """
-    from dpgrpo.privacy.sampling import public_slot_count
-    from dpgrpo.tasks import get_task, load_split
-
-    from dpgrpo.tasks.custom import check_public_n
-
-    data = config.data
-    task = get_task(data.task)
-    check_public_n(task, data.n_slots, data.limit)
-    loaded = load_split(task, data.split, data.data_dir, source=data.source,
-                        skip_invalid=data.skip_invalid)
-    if data.privacy_unit == "contributor":  # contributor slots (privacy/contributors.py)
-        from dpgrpo.privacy.contributors import contributor_slots
-
-        return contributor_slots(data, task, loaded, config.audit.canaries)[1].n
-    problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
-    return public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
-                             source_rows=len(loaded.problems) + len(loaded.skipped),
-                             canaries=config.audit.canaries, embedded=not task.needs_data_dir).n
+    return public_slots(config).count.n
 
 
 def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = None,
@@ -107,33 +89,24 @@ def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = N
     ``n`` skips counting the slots when the caller already knows it. ``cache`` shares
     calibrations between configurations with the same (n, m, T, epsilon, delta).
     """
-    from dpgrpo.privacy.accounting import calibrate, compute_epsilon, default_delta
+    from dpgrpo.privacy.accounting import compute_epsilon
+    from dpgrpo.privacy.budget import public_constants
 
     if not config.private:
         raise ConfigError(f"{name}: train.arm = 'non-private' has sigma = 0 and no privacy "
                           "budget to report")
     n = count_slots(config) if n is None else n
-    p, steps = config.privacy, config.train.steps
-    if p.expected_batch > n:
-        raise ConfigError(f"{name}: privacy.expected_batch = {p.expected_batch:g} exceeds "
-                          f"n = {n} slots")
-    delta = p.delta if p.delta is not None else default_delta(n)
     cache = {} if cache is None else cache
     try:
-        if p.noise_multiplier is None:
-            key = ("calibrate", n, p.expected_batch, steps, p.epsilon, delta)
-            if key not in cache:
-                cache[key] = calibrate(n, p.expected_batch, steps, p.epsilon, delta)
-            sigma = cache[key].sigma
-        else:
-            sigma = p.noise_multiplier
-        key = ("epsilon", n, p.expected_batch, steps, sigma, delta)
+        public = public_constants(config, n, cache=cache)
+        sigma, delta, steps = public.sigma, public.delta, public.steps
+        key = ("epsilon", n, public.expected_batch, steps, sigma, delta)
         if key not in cache:
-            cache[key] = compute_epsilon(n, p.expected_batch, steps, sigma, delta)
+            cache[key] = compute_epsilon(n, public.expected_batch, steps, sigma, delta)
         report = cache[key]
-    except PrivacyBudgetError as err:
+    except (ConfigError, PrivacyBudgetError) as err:
         raise ConfigError(f"{name}: {err}") from None
-    calibrated = p.noise_multiplier is None
+    calibrated, p = public.sigma_calibrated, config.privacy
     row = BudgetRow(configuration=name, n=n, m=p.expected_batch, sigma=sigma, T=steps,
                     delta=delta, q=report.q, pld_epsilon=report.epsilon,
                     rdp_epsilon=report.rdp_epsilon, rdp_order=report.rdp_order,
@@ -170,9 +143,10 @@ def budget_rows(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> l
     file stem. The arm is irrelevant to the budget, so a protocol file's arm does not matter;
     a ``non-private`` config raises ConfigError.
     """
+    from dpgrpo.config import load_protocol_config
+
     if not paths:
         raise ConfigError("give at least one training config")
-    from dpgrpo.protocol import load_protocol_config
 
     cache: dict[tuple, Any] = {}
     rows = []

@@ -14,102 +14,19 @@ arm; two trained arms pair their seeds in seed order, the first ``min(k_A, k_B)`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Sequence
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation import stats
-from dpgrpo.reports.inputs import Arm, load_arms
+from dpgrpo.reports.comparison import ArmSummary, Comparison, ContrastRow, Settings
+from dpgrpo.reports.inputs import ArmResults, load_arms
+from dpgrpo.reports.tables import render_report
 
 FOCAL_ARM = "dp-grpo"
-HolmFamily = Literal["contrast", "report"]
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Analysis settings recorded with every report (Appendix C-C)."""
-
-    draws: int = stats.DEFAULT_BOOTSTRAP_DRAWS
-    sign_draws: int = stats.DEFAULT_SIGN_DRAWS
-    seed: int = stats.DEFAULT_SEED
-    level: float = 0.95
-    alpha: float = 0.05
-    power: float = 0.8
-    holm_family: HolmFamily = "contrast"
-
-    def __post_init__(self) -> None:
-        if self.draws < 1 or self.sign_draws < 1:
-            raise ConfigError("--draws and --sign-draws must be positive")
-        if not 0 < self.level < 1 or not 0 < self.alpha < 1 or not 0 < self.power < 1:
-            raise ConfigError("level, alpha and power must lie in (0, 1)")
-        if self.holm_family not in ("contrast", "report"):
-            raise ConfigError(f"holm family must be 'contrast' or 'report', "
-                              f"got {self.holm_family!r}")
-
-
-@dataclass(frozen=True)
-class ContrastRow:
-    """A named contrast: ``arm`` minus ``comparator`` under one scorer."""
-
-    arm: str
-    comparator: str
-    scorer: str
-    result: stats.Contrast
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"arm": self.arm, "comparator": self.comparator, "scorer": self.scorer,
-                **self.result.to_dict()}
-
-
-@dataclass(frozen=True)
-class ArmSummary:
-    """Per-arm accuracies (pp) per scorer and per seed, response lengths and cap rates."""
-
-    name: str
-    seeds: tuple[int | str, ...]
-    paths: tuple[str, ...]
-    accuracy: dict[str, float]                       # scorer -> mean over seeds, pp
-    seed_accuracy: dict[str, tuple[float, ...]]      # scorer -> per seed, pp
-    mean_tokens: float
-    seed_mean_tokens: tuple[float, ...]
-    cap_rate: float                                  # pp
-    seed_cap_rate: tuple[float, ...]                 # pp
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Everything ``report.md`` and ``report.json`` show."""
-
-    n_problems: int
-    base: str
-    focal: str | None
-    scorers: tuple[str, ...]
-    arms: tuple[ArmSummary, ...]                     # base first
-    contrasts: tuple[ContrastRow, ...]               # focal vs each comparator (Table II)
-    versus_base: tuple[ContrastRow, ...]             # each arm vs base (Fig. 2)
-    settings: Settings = field(default_factory=Settings)
-
-    def arm(self, name: str) -> ArmSummary:
-        return next(a for a in self.arms if a.name == name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The report's numbers as plain JSON-ready data."""
-        return {
-            "n_problems": self.n_problems, "base": self.base, "focal": self.focal,
-            "scorers": list(self.scorers),
-            "settings": {**self.settings.__dict__, "mde_formula": MDE_FORMULA},
-            "arms": [stats.jsonable(a.__dict__) for a in self.arms],
-            "contrasts": [c.to_dict() for c in self.contrasts],
-            "versus_base": [c.to_dict() for c in self.versus_base],
-        }
-
-
-MDE_FORMULA = ("MDE = (z_{1-alpha/2} + z_{power}) * SE, SE = 100 * sd(d_j) / sqrt(n), "
-               "d_j = per-problem difference of seed-averaged correctness")
-
-
-def summarize_arm(arm: Arm) -> ArmSummary:
+def summarize_arm(arm: ArmResults) -> ArmSummary:
     """Accuracy per scorer (pp; mean of seeds and per seed), mean tokens and cap rate."""
     return ArmSummary(
         name=arm.name, seeds=arm.seeds, paths=tuple(str(p) for p in arm.paths),
@@ -122,7 +39,7 @@ def summarize_arm(arm: Arm) -> ArmSummary:
         seed_cap_rate=tuple(100 * float(x) for x in arm.hit_cap.mean(axis=1)))
 
 
-def _scorers(arms: Sequence[Arm]) -> tuple[str, ...]:
+def _scorers(arms: Sequence[ArmResults]) -> tuple[str, ...]:
     """Scorers in first-seen order, 'strict' first."""
     seen: list[str] = []
     for a in arms:
@@ -130,7 +47,8 @@ def _scorers(arms: Sequence[Arm]) -> tuple[str, ...]:
     return tuple(sorted(seen, key=lambda s: (s != "strict", seen.index(s))))
 
 
-def compare_arms(base: Arm, arms: Sequence[Arm], settings: Settings = Settings()) -> Comparison:
+def compare_arms(base: ArmResults, arms: Sequence[ArmResults],
+                 settings: Settings = Settings()) -> Comparison:
     """Compute every accuracy and contrast of the report (Sections VII-E, VIII)."""
     everything = [base, *arms]
     if len({a.name for a in everything}) != len(everything):
@@ -138,7 +56,7 @@ def compare_arms(base: Arm, arms: Sequence[Arm], settings: Settings = Settings()
     scorers = _scorers(everything)
     cache: dict[tuple[str, str, str], stats.Contrast] = {}
 
-    def rows(pairs: Sequence[tuple[Arm, Arm]]) -> list[ContrastRow]:
+    def rows(pairs: Sequence[tuple[ArmResults, ArmResults]]) -> list[ContrastRow]:
         out = []
         for a, b in pairs:
             for s in scorers:
@@ -177,8 +95,6 @@ def compare_arms(base: Arm, arms: Sequence[Arm], settings: Settings = Settings()
 def write_outputs(comparison: Comparison, out_dir: Path, *, write_json: bool = False,
                   figures: bool = True) -> list[Path]:
     """Write report.md, the PNG figures and (optionally) report.json; return the paths."""
-    from dpgrpo.reports.tables import render_report
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpgrpo.errors import ConfigError
-
-if TYPE_CHECKING:
-    from dpgrpo.reports.compare import Comparison
+from dpgrpo.reports.comparison import Comparison
 
 
 def _new_figure(width: float, height: float) -> Any:

@@ -37,7 +37,7 @@ class EvalFile:
 
 
 @dataclass(frozen=True)
-class Arm:
+class ArmResults:
     """All seeds of one arm, columns aligned to the shared problem order."""
 
     name: str
@@ -176,7 +176,7 @@ def _seed_key(seed: int | str) -> tuple[int, int, str]:
     return (0, seed, "") if isinstance(seed, int) else (1, 0, str(seed))
 
 
-def group_arms(files: Sequence[EvalFile], ref: EvalFile) -> list[Arm]:
+def group_arms(files: Sequence[EvalFile], ref: EvalFile) -> list[ArmResults]:
     """Group files into arms (first-seen order), seeds sorted, columns in ``ref``'s id order."""
     by_arm: dict[str, list[EvalFile]] = {}
     for f in files:
@@ -192,7 +192,7 @@ def group_arms(files: Sequence[EvalFile], ref: EvalFile) -> list[Arm]:
                                 path=str(members[i].path), field="seed")
         cols = [_check_ids(ref, f) for f in members]
         scorers = [s for s in members[0].correct if all(s in f.correct for f in members)]
-        arms.append(Arm(
+        arms.append(ArmResults(
             name=name, seeds=tuple(seeds), paths=tuple(f.path for f in members),
             correct={s: np.stack([f.correct[s][c] for f, c in zip(members, cols)])
                      for s in scorers},
@@ -202,7 +202,7 @@ def group_arms(files: Sequence[EvalFile], ref: EvalFile) -> list[Arm]:
 
 
 def load_arms(inputs: Sequence[Path], base: Path,
-              labels: Sequence[str] | None = None) -> tuple[Arm, list[Arm]]:
+              labels: Sequence[str] | None = None) -> tuple[ArmResults, list[ArmResults]]:
     """Load the base and the compared inputs; returns (base arm, other arms) on shared ids."""
     if labels and len(labels) != len(inputs):
         raise ConfigError(f"--labels gave {len(labels)} labels for {len(inputs)} inputs")

@@ -6,12 +6,10 @@ and an MDE beside every interval that contains zero (paper Section VII-E).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from dpgrpo.errors import DataError
-
-if TYPE_CHECKING:
-    from dpgrpo.reports.compare import Comparison, ContrastRow
+from dpgrpo.reports.comparison import Comparison, ContrastRow
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -5,7 +5,8 @@
 """
 
 from dpgrpo.rollout.batch import RolloutBatch
-from dpgrpo.rollout.engine import ENGINES, RolloutEngine, make_engine
+from dpgrpo.rollout.engine import ENGINES, RolloutEngine
+from dpgrpo.rollout.factory import make_engine
 from dpgrpo.rollout.generate import generate, hf_generate
 
 __all__ = ["ENGINES", "RolloutBatch", "RolloutEngine", "generate", "hf_generate", "make_engine"]

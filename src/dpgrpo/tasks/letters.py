@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-OPTION_LETTERS = "ABCDE"
-
 # The letter of a declaration: optional markdown/brackets, an uppercase letter that is not the
 # start of a word ("Answer: Bank" names no letter), optional closing bracket.
 _LETTER = r"[\s*_]*[\(\[]?\s*(?P<letter>[A-E])(?![A-Za-z0-9'])\s*[\)\]]?[\s*_]*"

@@ -16,8 +16,8 @@ from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, group_advant
 from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
-from dpgrpo.testing import synthetic_rollouts, tiny_fp64_policy
-from dpgrpo.verify import check
+from dpgrpo.verify.fixtures import synthetic_rollouts, tiny_fp64_policy
+from dpgrpo.verify.registry import check
 
 
 @lru_cache(maxsize=1)
@@ -106,7 +106,7 @@ def _constant_groups() -> float:
 
 @lru_cache(maxsize=1)
 def _policy32():
-    from dpgrpo.testing import build_tiny_tokenizer, tiny_fp32_policy
+    from dpgrpo.verify.fixtures import build_tiny_tokenizer, tiny_fp32_policy
 
     tok = build_tiny_tokenizer()
     return tiny_fp32_policy(tok), tok
@@ -116,7 +116,7 @@ def _policy32():
        detail="max |change| of any prompt's fp32 gradient (fast and reference paths) and "
               "reference log-probs when a much longer prompt joins its round")
 def _batchmates() -> float:
-    from dpgrpo.testing import random_specs, rollouts_from_specs
+    from dpgrpo.verify.fixtures import random_specs, rollouts_from_specs
 
     model, tok = _policy32()
     specs, longer = random_specs(tok, 0, 3), random_specs(tok, 1, 1, long=True)

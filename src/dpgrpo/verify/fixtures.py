@@ -1,6 +1,6 @@
 """A tiny random causal LM and tokenizer, built offline in about a second.
 
-Used by the tests, by ``dpgrpo verify`` for the model-dependent mechanism checks, and by the
+Used by ``dpgrpo verify``'s model checks (:mod:`dpgrpo.verify.model`), by the tests and by the
 benchmarks. The model is a 2-layer Llama (the SmolLM2 architecture) with random weights; the
 tokenizer is a byte-level BPE trained on a fixed corpus, with a ChatML chat template, so every
 code path that needs ``apply_chat_template``, padding and EOS works without a download.

@@ -1,17 +1,10 @@
-"""Mechanism-verification suite behind ``dpgrpo verify`` (paper, Appendix B).
-
-Each check measures one implementation invariant the privacy analysis relies on and compares it
-with a tolerance; the record is machine-readable (check, measured, tolerance, passed). Model-free
-checks exercise the sampler, the mechanism and the accountant; model checks (``group="model"``)
-exercise per-prompt gradients on a tiny random double-precision model.
-"""
+"""Model-free checks of ``dpgrpo verify`` (paper, Appendix B): the sampler, the mechanism, the
+noise source and the accountant (``group="mechanism"``)."""
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -20,48 +13,7 @@ from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
 from dpgrpo.privacy.mechanism import clip_and_sum, privatize
 from dpgrpo.privacy.noise import TAIL_FRACTION_OF_DELTA, NoiseSource, noise_tail_delta
 from dpgrpo.privacy.sampling import PoissonSampler
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    check: str
-    group: str
-    measured: float
-    tolerance: float
-    comparison: str  # "<=" or ">": how measured is compared with tolerance
-    passed: bool
-    detail: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    group: str
-    tolerance: float
-    comparison: str
-    detail: str
-    measure: Callable[[], float]
-
-    def run(self) -> CheckResult:
-        value = float(self.measure())
-        ok = value <= self.tolerance if self.comparison == "<=" else value > self.tolerance
-        return CheckResult(self.name, self.group, value, self.tolerance, self.comparison,
-                           bool(ok and not math.isnan(value)), self.detail)
-
-
-CHECKS: list[Check] = []
-
-
-def check(name: str, *, tolerance: float, detail: str, comparison: str = "<=",
-          group: str = "mechanism") -> Callable[[Callable[[], float]], Callable[[], float]]:
-    """Register a measurement as a verification check."""
-    def wrap(fn: Callable[[], float]) -> Callable[[], float]:
-        CHECKS.append(Check(name, group, tolerance, comparison, detail, fn))
-        return fn
-    return wrap
+from dpgrpo.verify.registry import check
 
 
 def _records(b: int, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
@@ -220,17 +172,6 @@ def _jax_reference() -> float:
     return abs(pld_epsilon([RoundEvent(0.1, 3.0, 512)], 1e-6) - 3.77)
 
 
-def run_checks(groups: tuple[str, ...] = ("mechanism", "model")) -> list[CheckResult]:
-    """Run every registered check in ``groups`` and return the records."""
-    _register_model_checks()
+def reset() -> None:
+    """Forget the cached Poisson draws, so that every run of the checks samples afresh."""
     _POISSON.clear()
-    return [c.run() for c in CHECKS if c.group in groups]
-
-
-def _register_model_checks() -> None:
-    """Model-dependent checks live beside the per-prompt gradient code; import registers them."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("dpgrpo.verify_model") is not None:
-        importlib.import_module("dpgrpo.verify_model")

@@ -1,0 +1,84 @@
+"""The one table of training arms: what each arm is, read by every part that needs to know.
+
+Config validation (:mod:`dpgrpo.config`), the arm builder (:func:`dpgrpo.arms.make_arm`), the
+protocol (:mod:`dpgrpo.protocol`) and the certificate (:func:`dpgrpo.run_setup.certificate`) all
+read :data:`ARMS`; none of them tests an arm's name. Every arm shares sampling, clipping, noise,
+the q*n denominator and the accountant; only the per-record computation differs (Corollary 2).
+Torch-free, so the config can import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpgrpo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm: how a sampled record becomes a TrainBatch, and whether the run is private.
+
+    ``objective``: ``"grpo"`` (Eq. 7, needs G >= 2) or ``"sft"`` (token likelihood).
+    ``rollouts``: where the G completions come from: ``"policy"`` (the adapter being trained),
+    ``"base"`` (the public base, adapter off) or None (no rollouts: the gold target).
+    ``advantage``: the GRPO advantage mode (:data:`dpgrpo.objectives.grpo.ADVANTAGE_MODES`).
+    ``private``: sigma > 0 and a certified epsilon; False is the sigma = 0 reference.
+    ``role``: its place in the protocol (``primary``, ``ladder`` or ``reference``).
+    """
+
+    name: str
+    objective: str
+    rollouts: str | None
+    advantage: str | None
+    private: bool
+    role: str
+    description: str
+
+    @property
+    def normalizes_groups(self) -> bool:
+        """Whether the loss uses the G completions of one prompt together (needs G >= 2)."""
+        return self.objective == "grpo"
+
+    @property
+    def base_rollouts(self) -> bool:
+        """Whether rollouts come from the public base policy (the adapter switched off)."""
+        return self.rollouts == "base"
+
+
+def _table(*specs: ArmSpec) -> dict[str, ArmSpec]:
+    return {spec.name: spec for spec in specs}
+
+
+#: name -> :class:`ArmSpec`, in the order the protocol and the messages list them.
+ARMS: dict[str, ArmSpec] = _table(
+    ArmSpec("dp-grpo", "grpo", "policy", "group", True, "primary",
+            "G completions from the policy, verifier rewards, Eq. (2) advantages, Eq. (7)"),
+    ArmSpec("zero-advantage", "grpo", "policy", "zero", True, "primary",
+            "dp-grpo with every advantage set to 0 after verification (Section V control)"),
+    ArmSpec("shuffled-reward", "grpo", "policy", "shuffled", True, "ladder",
+            "dp-grpo with rewards permuted within each group (Section IX ladder)"),
+    ArmSpec("positive-only", "grpo", "policy", "positive", True, "ladder",
+            "dp-grpo with A = r, unnormalized (Section IX ladder)"),
+    ArmSpec("non-private", "grpo", "policy", "group", False, "reference",
+            "dp-grpo with sigma = 0 (clipping on or off): not private"),
+    ArmSpec("filtered-sft", "sft", "base", None, True, "primary",
+            "DP-SFT on the base policy's verified-correct completions"),
+    ArmSpec("gold-sft", "sft", None, None, True, "primary",
+            "DP-SFT on each problem's reference solution"),
+)
+
+
+def arm_spec(name: str) -> ArmSpec:
+    """The table's row for ``name``; an unknown name is a ConfigError naming ``train.arm``."""
+    try:
+        return ARMS[name]
+    except KeyError:
+        raise ConfigError(f"train.arm must be one of {', '.join(ARMS)}; got {name!r}") from None
+
+
+def arms_with_role(role: str) -> tuple[str, ...]:
+    """The names of the arms with protocol role ``role``, in table order."""
+    return tuple(name for name, spec in ARMS.items() if spec.role == role)
+
+
+__all__ = ["ARMS", "ArmSpec", "arm_spec", "arms_with_role"]

@@ -1,0 +1,125 @@
+"""A run's public constants from its configuration alone (assumption A1): n, q, delta, sigma, C.
+
+The one resolver behind the trainer (:func:`dpgrpo.run_setup.build_run`) and the budget
+report (:mod:`dpgrpo.reports.budget`, Table VI), so that the epsilon a report promises is the
+one a run certifies:
+
+* :func:`public_slots`: n by :func:`~dpgrpo.privacy.sampling.public_slot_count` (prompt level)
+  or :func:`~dpgrpo.privacy.contributors.contributor_slots` (contributor level), from the
+  split's size and the configuration, never from the content or validity of the records;
+* :func:`public_constants`: q = m / n, delta = ``privacy.delta`` or 1/(10 n), sigma
+  (``privacy.noise_multiplier``, else calibrated from ``privacy.epsilon``; 0 for the
+  non-private arm) and the clipping norm C.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dpgrpo.config import RunConfig
+from dpgrpo.errors import ConfigError, PrivacyBudgetError
+from dpgrpo.privacy.accounting import default_delta, sampling_rate
+from dpgrpo.privacy.contributors import CONTRIBUTOR, contributor_slots
+from dpgrpo.privacy.sampling import SlotCount, public_slot_count
+
+
+@dataclass(frozen=True)
+class PublicSlots:
+    """What fixes n: the split's records in slot order (before the canaries) and the count."""
+
+    problems: list[Any]               # prompt level: the first valid problems (data.limit)
+    contributors: list[Any] | None    # contributor level: contributor slots, absent ones None
+    count: SlotCount                  # n (canaries included) and the rule that fixed it
+    skipped: int                      # invalid records (private: logged at debug level only)
+
+
+def public_slots(config: RunConfig, task: Any = None) -> PublicSlots:
+    """Load the split (not the model) and count its public slots, canaries included.
+
+    Raises ConfigError when a custom task's list would make n private, or n is below the
+    record count.
+    """
+    from dpgrpo.tasks import get_task, load_split
+    from dpgrpo.tasks.custom import check_public_n
+
+    data = config.data
+    task = get_task(data.task) if task is None else task
+    check_public_n(task, data.n_slots, data.limit)  # a private list's length is not public
+    loaded = load_split(task, data.split, data.data_dir, source=data.source,
+                        skip_invalid=data.skip_invalid)
+    k = config.audit.canaries
+    if data.privacy_unit == CONTRIBUTOR:  # the record is a contributor (privacy/contributors.py)
+        contributors, count = contributor_slots(data, task, loaded, k)
+        return PublicSlots([], contributors, count, len(loaded.skipped))
+    problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
+    count = public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
+                              source_rows=len(loaded.problems) + len(loaded.skipped),
+                              canaries=k, embedded=not task.needs_data_dir)
+    return PublicSlots(list(problems), None, count, len(loaded.skipped))
+
+
+@dataclass(frozen=True)
+class PublicConstants:
+    """The mechanism's public parameters for n slots (Algorithm 1, lines 1-2)."""
+
+    n: int
+    expected_batch: float       # m = q n
+    q: float
+    delta: float
+    sigma: float                # 0 for the non-private arm
+    clip_norm: float            # inf for the non-private arm unless train.clip_nonprivate
+    steps: int
+    sigma_calibrated: bool      # True: sigma came from privacy.epsilon by calibration
+
+
+def public_constants(config: RunConfig, n: int, *, refuse_weak_delta: bool = False,
+                     cache: dict[tuple, Any] | None = None) -> PublicConstants:
+    """n, m, q, delta, sigma and C of a run of ``config`` over ``n`` public slots.
+
+    ``refuse_weak_delta`` (the trainer): a private unseeded run needs delta < 1/n
+    (PrivacyBudgetError), checked before any calibration. ``cache`` shares calibrations
+    between configurations with the same (n, m, T, epsilon, delta). An unreachable
+    ``privacy.epsilon`` or an expected batch above n raises ConfigError.
+    """
+    p, steps = config.privacy, config.train.steps
+    if p.expected_batch > n:
+        raise ConfigError(f"privacy.expected_batch = {p.expected_batch:g} exceeds n = {n} slots")
+    q = sampling_rate(n, p.expected_batch)
+    delta = p.delta if p.delta is not None else default_delta(n)
+    if refuse_weak_delta and config.private and p.seed is None and not delta < 1.0 / n:
+        raise PrivacyBudgetError(
+            f"privacy.delta = {delta:.3g} is at least 1/n = {1.0 / n:.3g}: a mechanism that "
+            "publishes one random record whole meets such a delta; a releasable run needs "
+            "delta < 1/n (default 1/(10 n))")
+    calibrated = config.private and p.noise_multiplier is None
+    if not config.private:
+        sigma = 0.0
+        clip = p.clip_norm if config.train.clip_nonprivate else math.inf
+    elif not calibrated:
+        sigma, clip = p.noise_multiplier, p.clip_norm
+    else:
+        sigma = _calibrated_sigma(n, p.expected_batch, steps, p.epsilon, delta, cache)
+        clip = p.clip_norm
+    return PublicConstants(n=n, expected_batch=p.expected_batch, q=q, delta=delta, sigma=sigma,
+                           clip_norm=clip, steps=steps, sigma_calibrated=calibrated)
+
+
+def _calibrated_sigma(n: int, m: float, steps: int, epsilon: float, delta: float,
+                      cache: dict[tuple, Any] | None) -> float:
+    """The smallest sigma whose PLD epsilon meets ``epsilon`` (privacy.calibration)."""
+    from dpgrpo.privacy import calibration
+
+    cache = {} if cache is None else cache
+    key = ("calibrate", n, m, steps, epsilon, delta)
+    try:
+        if key not in cache:
+            cache[key] = calibration.calibrate(n, m, steps, epsilon, delta)
+    except PrivacyBudgetError as err:
+        raise ConfigError(f"privacy.epsilon = {epsilon} is unreachable with n = {n}, "
+                          f"m = {m}, T = {steps}: {err}") from None
+    return cache[key].sigma
+
+
+__all__ = ["PublicConstants", "PublicSlots", "public_constants", "public_slots"]
