@@ -224,6 +224,33 @@ def _model_dtype(model: Any) -> torch.dtype:
     return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
 
+class _Loop:
+    """What both decoders share: the coins, the stop ids, the repetition-penalty table of the
+    call's rows, the output, and one sampling step."""
+
+    def __init__(self, prompts: list[list[int]], row_prompt: list[int], vocab: int,
+                 coins: torch.Tensor | None, sampler: SamplerSettings, max_new_tokens: int,
+                 stop: list[int], pad_id: int, device: torch.device) -> None:
+        self.sampler, self.pad_id = sampler, pad_id
+        self.seen = _seen(prompts, row_prompt, vocab, sampler, device)
+        self.coins = coins.to(device) if coins is not None else None
+        self.stop = torch.tensor(stop, device=device)
+        self.generated = torch.full((len(row_prompt), max_new_tokens), pad_id, dtype=torch.long,
+                                    device=device)
+
+    def sample(self, logits: torch.Tensor, rows: torch.Tensor, step: int, live: torch.Tensor,
+               seen: torch.Tensor | None) -> torch.Tensor:
+        """Tokens of ``rows`` (the batch's rows, in order) at ``step``: each from its own coin,
+        padding once a row has stopped; updates ``live`` and ``seen`` in place."""
+        coins = None if self.coins is None else self.coins[rows, step]
+        tok = torch.where(live, next_tokens(logits, coins, self.sampler, seen), self.pad_id)
+        self.generated[rows, step] = tok
+        live &= ~torch.isin(tok, self.stop)
+        if seen is not None:
+            seen[torch.arange(len(rows), device=tok.device), tok] = True
+        return tok
+
+
 def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
                     state: Any, prompts: list[list[int]], row_prompt: list[int],
                     coins: torch.Tensor | None, sampler: SamplerSettings, max_new_tokens: int,
@@ -239,19 +266,13 @@ def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.
         dtype = _model_dtype(model)
         attn = torch.zeros((n_rows, 1, 1, width + max_new_tokens), dtype=dtype, device=device)
         attn[:, 0, 0, :width].masked_fill_(prompt_mask == 0, torch.finfo(dtype).min)
-    seen = _seen(prompts, row_prompt, logits.shape[-1], sampler, device)
-    coins = coins.to(device) if coins is not None else None
-    stop_t = torch.tensor(stop, device=device)
-    generated = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    loop = _Loop(prompts, row_prompt, logits.shape[-1], coins, sampler, max_new_tokens, stop,
+                 pad_id, device)
+    seen = loop.seen
     for step in range(max_new_tokens):
-        tok = next_tokens(logits, None if coins is None else coins[rows, step], sampler, seen)
-        tok = torch.where(live, tok, pad_id)
-        generated[rows, step] = tok
-        live &= ~torch.isin(tok, stop_t)
+        tok = loop.sample(logits, rows, step, live, seen)
         if step + 1 == max_new_tokens:
             break
-        if seen is not None:
-            seen[torch.arange(len(rows), device=device), tok] = True
         n_live = int(live.sum()) if (step + 1) % check_every == 0 else len(rows)
         if n_live == 0:
             break
@@ -265,7 +286,7 @@ def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.
                        attention_mask=attn[..., :width + step + 1] if attn is not None else None,
                        use_cache=True, **{key: cache}).logits[:, -1]
         pos = pos + 1
-    return generated
+    return loop.generated
 
 
 def _decode_static(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
@@ -284,25 +305,19 @@ def _decode_static(model: Any, device: torch.device, cache: Any, logits: torch.T
     step_fn = StaticStep(forward, cache.layers, prompt_mask, pos, width + max_new_tokens,
                          _model_dtype(model))
     advance = capture(step_fn) if device.type == "cuda" and max_new_tokens > 1 else step_fn
-    seen = _seen(prompts, row_prompt, logits.shape[-1], sampler, device)
-    coins = coins.to(device) if coins is not None else None
-    stop_t = torch.tensor(stop, device=device)
+    loop = _Loop(prompts, row_prompt, logits.shape[-1], coins, sampler, max_new_tokens, stop,
+                 pad_id, device)
+    rows = torch.arange(n_rows, device=device)
     live = torch.ones(n_rows, dtype=torch.bool, device=device)
-    generated = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
     for step in range(max_new_tokens):
-        tok = next_tokens(logits, None if coins is None else coins[:, step], sampler, seen)
-        tok = torch.where(live, tok, pad_id)
-        generated[:, step] = tok
-        live &= ~torch.isin(tok, stop_t)
+        tok = loop.sample(logits, rows, step, live, loop.seen)
         if step + 1 == max_new_tokens:
             break
-        if seen is not None:
-            seen[torch.arange(n_rows, device=device), tok] = True
         if (step + 1) % check_every == 0 and not bool(live.any()):
             break
         step_fn.tokens.copy_(tok[:, None])
         logits = advance()
-    return generated
+    return loop.generated
 
 
 __all__ = ["CHECK_EVERY", "COMPACT", "STATIC_ON_CUDA", "StaticLayer", "cache_keyword", "decode",
