@@ -194,3 +194,18 @@ def test_a_sweep_to_epsilon_128_is_certifiable():
     check_noise_tail(noise_tail_delta(19_584, 12, 128.0), 1e-4)
     with pytest.raises(PrivacyError):
         check_noise_tail(noise_tail_delta(19_584, 12, 200.0), 1e-4)
+
+
+def test_each_radius_word_has_its_own_weight():
+    """Word i of the radius (i = 1..4) weighs 2^(-64 i): with only it set to k, the radius
+    uniform is k 2^(-64 i) + 2^-256 (the +1 of the least significant word), so each word is read."""
+    cols = []
+    for i in range(4):
+        col = [0, 0, 0, 0, 0]
+        col[i] = 5
+        cols.append(col)
+    words = np.array(cols, dtype=np.uint64).T                                 # (5, 4)
+    radius = box_muller(words)[:4].numpy()                                    # cosines of angle 0
+    for i, r in enumerate(radius):
+        u1 = 5.0 * 2.0 ** (-64 * (i + 1)) + 2.0 ** -256
+        assert r == pytest.approx(math.sqrt(-2.0 * math.log(u1)), rel=1e-12)
