@@ -209,3 +209,17 @@ def test_each_radius_word_has_its_own_weight():
     for i, r in enumerate(radius):
         u1 = 5.0 * 2.0 ** (-64 * (i + 1)) + 2.0 ** -256
         assert r == pytest.approx(math.sqrt(-2.0 * math.log(u1)), rel=1e-12)
+
+
+def test_the_entropy_source_is_the_operating_system(monkeypatch):
+    """``read_entropy`` returns what ``os.urandom`` returns (the other tests replace it), and two
+    secure rounds draw different keys from it."""
+    from dpgrpo.privacy import noise as noise_module
+
+    calls = []
+    monkeypatch.setattr(noise_module.os, "urandom",
+                        lambda n: calls.append(n) or bytes(range(n)))
+    assert noise_module.read_entropy(KEY_BYTES) == bytes(range(KEY_BYTES)) and calls == [32]
+    monkeypatch.undo()
+    keys = {noise_module.read_entropy(KEY_BYTES) for _ in range(2)}
+    assert len(keys) == 2 and all(len(k) == KEY_BYTES for k in keys)
