@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dpgrpo.arm_table import ARMS, arm_spec
+from dpgrpo.arm_table import ARMS, arm_spec, arms_with_role
 from dpgrpo.arms import make_arm
 from dpgrpo.config import RunConfig, TrainConfig, apply_overrides, embedded_default
 from dpgrpo.errors import ConfigError
@@ -63,16 +63,31 @@ def test_the_table_is_consistent_and_the_protocol_reads_its_roles():
         "dp-grpo": ("grpo", "policy", "group"), "zero-advantage": ("grpo", "policy", "zero"),
         "shuffled-reward": ("grpo", "policy", "shuffled"),
         "positive-only": ("grpo", "policy", "positive"), "non-private": ("grpo", "policy", "group"),
-        "filtered-sft": ("sft", "base", None), "gold-sft": ("sft", None, None)}
+        "filtered-sft": ("sft", "base", None), "gold-sft": ("sft", None, None),
+        "non-private-gold-sft": ("sft", None, None)}  # the audit's positive control
     assert {a: (s.objective, s.rollouts, s.advantage) for a, s in ARMS.items()} == paper
     assert list(ARMS) == list(paper)
     for name, spec in ARMS.items():
         assert spec.name == name and spec.objective in ("grpo", "sft")
         assert (spec.advantage in ADVANTAGE_MODES) == (spec.objective == "grpo")
         assert spec.rollouts in ("policy", "base", None)
-    assert [a for a in ARMS if not ARMS[a].private] == [NON_PRIVATE_ARM] == ["non-private"]
+    assert [a for a in ARMS if not ARMS[a].private] == ["non-private", "non-private-gold-sft"]
+    assert NON_PRIVATE_ARM == "non-private"      # the protocol's one sigma = 0 reference
+    assert arms_with_role("audit") == ("non-private-gold-sft",)
     assert PRIMARY_ARMS == ("dp-grpo", "zero-advantage", "filtered-sft", "gold-sft")
     assert LADDER_ARMS == ("shuffled-reward", "positive-only")
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_sigma_follows_the_table(arm):
+    """A private arm refuses sigma = 0; a non-private one refuses any sigma it was given."""
+    if arm_spec(arm).private:
+        with pytest.raises(ConfigError, match=rf"arm '{arm}' is private"):
+            _config(arm, "privacy.noise_multiplier=0")
+        assert _config(arm, "privacy.noise_multiplier=0.5").privacy.noise_multiplier == 0.5
+    else:
+        with pytest.raises(ConfigError, match=rf"train.arm = '{arm}' uses sigma = 0"):
+            _config(arm, "privacy.noise_multiplier=0.5")
 
 
 def test_an_unknown_arm_is_a_config_error_naming_train_arm():
@@ -116,7 +131,7 @@ def test_every_arm_validates_builds_and_batches_as_its_row_says(arm):
         assert torch.equal(adv.sort(dim=1).values, eq2.sort(dim=1).values)
 
 
-@pytest.mark.parametrize("arm", ["zero-advantage", "non-private"])
+@pytest.mark.parametrize("arm", ["zero-advantage", "non-private", "non-private-gold-sft"])
 def test_the_certificate_describes_the_arm_from_the_table(arm):
     from dpgrpo.run_setup import certificate
 

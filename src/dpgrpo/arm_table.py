@@ -23,7 +23,8 @@ class ArmSpec:
     ``"base"`` (the public base, adapter off) or None (no rollouts: the gold target).
     ``advantage``: the GRPO advantage mode (:data:`dpgrpo.objectives.grpo.ADVANTAGE_MODES`).
     ``private``: sigma > 0 and a certified epsilon; False is the sigma = 0 reference.
-    ``role``: its place in the protocol (``primary``, ``ladder`` or ``reference``).
+    ``role``: its place in the protocol (``primary``, ``ladder`` or ``reference``), or ``audit``:
+    outside the protocol, a deliberately memorising run that the audit must detect.
     """
 
     name: str
@@ -65,6 +66,8 @@ ARMS: dict[str, ArmSpec] = _table(
             "DP-SFT on the base policy's verified-correct completions"),
     ArmSpec("gold-sft", "sft", None, None, True, "primary",
             "DP-SFT on each problem's reference solution"),
+    ArmSpec("non-private-gold-sft", "sft", None, None, False, "audit",
+            "gold-sft with sigma = 0: not private; the audit's memorising positive control"),
 )
 
 

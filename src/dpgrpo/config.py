@@ -219,7 +219,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if not self.private:
             if self.privacy.noise_multiplier not in (None, 0.0):
-                raise ConfigError("train.arm = 'non-private' uses sigma = 0; remove privacy.noise_multiplier")
+                raise ConfigError(f"train.arm = {self.train.arm!r} uses sigma = 0; "
+                                  "remove privacy.noise_multiplier")
         elif self.privacy.noise_multiplier == 0.0:
             raise ConfigError(f"arm {self.train.arm!r} is private: privacy.noise_multiplier must be > 0 "
                               "(use train.arm = 'non-private' for sigma = 0)")

@@ -142,7 +142,8 @@ def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "release" / "certificate.json").read_text())
 
 
-def _mia(run_dir: Path, out: Path, settings: StudySettings, task: str) -> dict[str, Any]:
+def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
+    """DIBA and the baselines on the run's members ``train[0:k]`` against ``train[k:2k]``."""
     from dpgrpo.audit.pipeline import run_mia
     from dpgrpo.audit.report import mia_summary, write_mia_report
     from dpgrpo.audit.scoring import SamplingSettings
@@ -153,8 +154,9 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, task: str) -> dict[s
     sampling = SamplingSettings(n_samples=settings.audit_samples,
                                 temperature=settings.audit_temperature,
                                 max_new_tokens=settings.audit_max_new_tokens)
+    task = config.data.task
     outcome = run_mia(run_dir, f"{task}:train[0:{k}]", f"{task}:train[{k}:{2 * k}]",
-                      settings=sampling, seed=settings.audit_seed, n_folds=settings.audit_folds)
+                      data_dir=config.data.data_dir, settings=sampling, seed=settings.audit_seed, n_folds=settings.audit_folds)
     write_mia_report(out, outcome)
     return mia_summary(outcome)
 
@@ -245,13 +247,13 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     steps.run("leaky non-private run", lambda: _train_once(leaky_cfg, out / "audit" / "leaky"))
     leaky = steps.run("DIBA audit of the leaky run",
                       lambda: _mia(out / "audit" / "leaky", out / "audit" / "leaky-mia",
-                                   settings, leaky_cfg.data.task))
+                                   settings, leaky_cfg))
     private_cfg = apply_overrides(config, _overrides(settings.private_audit))
     dp_cert = steps.run("audited DP-GRPO run (members + canaries)",
                         lambda: _train_once(private_cfg, out / "audit" / "private"))
     private = steps.run("DIBA audit of the DP-GRPO run",
                         lambda: _mia(out / "audit" / "private", out / "audit" / "private-mia",
-                                     settings, private_cfg.data.task))
+                                     settings, private_cfg))
     canary = steps.run("canary audit (one-run lower bound)",
                        lambda: _canary(out / "audit" / "private", out / "audit" / "canary",
                                        settings))

@@ -87,3 +87,21 @@ def test_evaluate_diba_reports_every_subset():
     assert {f.name for f in res.features} == set(DIBA_FEATURES)
     d = res.to_dict()
     assert d["diba"]["n_folds"] == 5 and len(d["hardness"]) == 4
+
+
+def test_a_subset_with_two_of_one_class_gets_a_note_not_a_crash():
+    """Two non-members in a subset would be 2-fold CV with one non-member per training fold: the
+    stacking's inner split then leaves a fold with one class (scikit-learn raised mid-audit,
+    after the sampling). Such a subset is reported as too small; direct CV says why it can't."""
+    x, y = _synthetic(20, shift=4.0, seed=5)
+    x[:, 0], x[:, 1] = 0.5, 0.0                          # everyone Residual ...
+    x[:12, 0] = x[:12, 1] = 1.0                         # ... but 12 members in All-1
+    x[20:22, 0] = x[20:22, 1] = 1.0                     # and 2 non-members
+    res = evaluate_diba(x, y, DIBA_FEATURES, n_folds=5, seed=0, n_estimators=5)
+    subsets = {h.name: h for h in res.hardness}
+    assert (subsets["All-1"].n_members, subsets["All-1"].n_nonmembers) == (12, 2)
+    assert subsets["All-1"].result is None and "too few" in subsets["All-1"].note
+    assert subsets["Residual"].result.n_folds == 5
+    sel = np.r_[0:12, 20:22]
+    with pytest.raises(ValueError, match="training fold with 1 candidate"):
+        cross_validate_attack(x[sel], y[sel], n_folds=2, n_estimators=5)

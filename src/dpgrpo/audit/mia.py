@@ -127,8 +127,10 @@ def cross_validate_attack(features: np.ndarray, labels: np.ndarray, *, n_folds: 
     folds: list[AttackMetrics] = []
     for train, test in splitter.split(x, y):
         inner = int(min(5, y[train].sum(), (1 - y[train]).sum()))
-        clf = make_stacking_classifier(n_estimators=n_estimators, seed=seed,
-                                       inner_folds=max(2, inner))
+        if inner < 2:  # the stacking's inner split would leave a fold with one class
+            raise ValueError(f"{n_folds}-fold cross-validation leaves a training fold with "
+                             f"{inner} candidate(s) of one class; the stacking needs 2")
+        clf = make_stacking_classifier(n_estimators=n_estimators, seed=seed, inner_folds=inner)
         clf.fit(x[train], y[train])
         proba = clf.predict_proba(x[test])[:, 1]
         oof[test] = proba
@@ -170,12 +172,13 @@ class SubsetResult:
 
 def evaluate_by_hardness(features: np.ndarray, labels: np.ndarray, subsets: Sequence[str], *,
                          n_folds: int = 5, seed: int = 0, n_estimators: int = 100,
-                         min_per_class: int = 2,
+                         min_per_class: int = 3,
                          unified: CVResult | None = None) -> list[SubsetResult]:
     """A dedicated predictor per hardness subset, then on the whole set (Table 3).
 
     A subset is cross-validated with ``min(n_folds, smaller class size)`` folds; a subset with
-    fewer than ``min_per_class`` candidates of either class gets no metrics, and says why.
+    fewer than ``min_per_class`` candidates of either class gets no metrics, and says why (3 is
+    the least that leaves each training fold 2 of each class for the stacking's inner split).
     ``unified``, when given, is reused as the whole-set result instead of refitting.
     """
     x, y = _check_xy(features, labels)
