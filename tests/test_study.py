@@ -41,8 +41,9 @@ audit_samples = 2
 audit_max_new_tokens = 4
 audit_folds = 2
 sweep = [64.0]
+dp_leaky = true
 [study.leaky]
-"train.arm" = "non-private"
+"train.arm" = "non-private-gold-sft"
 "privacy.noise_multiplier" = "none"
 "data.limit" = 6
 "privacy.expected_batch" = 3
@@ -72,6 +73,14 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     low, high = record["audit_leaky_auc_ci"]
     assert 0.0 <= low <= record["audit_leaky_auc"] <= high <= 1.0
     assert record["certified_eps"] <= 8.0 + 1e-9 and record["canary_eps_lower_bound"] >= 0.0
+    # the leaky recipe (gold SFT, sigma = 0) and its private twin at the study's epsilon
+    leaky_cert = json.loads((out / "audit" / "leaky" / "release" / "certificate.json").read_text())
+    twin_cert = json.loads((out / "audit" / "dp-leaky" / "release" / "certificate.json").read_text())
+    assert (leaky_cert["arm"], leaky_cert["private"]) == ("non-private-gold-sft", False)
+    assert (twin_cert["arm"], twin_cert["private"]) == ("gold-sft", True)
+    assert twin_cert["sigma"] > 0 and twin_cert["epsilon"] <= 8.0 + 1e-9
+    assert 0.0 <= record["audit_dp_leaky_auc"] <= 1.0 and "leaky recipe under DP" in \
+        (results / "cpu-study.md").read_text()
     # sigma sqrt(p) / (q n) from the DP-GRPO arm's public certificate
     cert = record["details"]["dp_certificate"]
     assert record["noise_to_signal"] == (cert["sigma"] * cert["trainable_coordinates"] ** 0.5
@@ -81,7 +90,7 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert "## Contrasts" in page and "## Audits" in page and "## Steps" in page
     assert any(p.name.startswith("cpu-study-") and p.suffix == ".png" for p in results.iterdir())
     steps = [r["step"] for r in record["details"]["steps"]]
-    assert len(steps) >= 7 and all(r["peak_rss_bytes"] > 0 for r in record["details"]["steps"])
+    assert len(steps) >= 9 and all(r["peak_rss_bytes"] > 0 for r in record["details"]["steps"])
     # a rerun finds everything done: the same results, no new training
     journal = out / "audit" / "leaky" / "recovery" / "journal.jsonl"
     before = journal.read_text()
@@ -112,6 +121,27 @@ def test_an_epsilon_the_gate_refuses_is_reported_not_fatal(monkeypatch, tmp_path
     assert row == {"epsilon": 128.0,
                    "refused": "the noise generator's truncated tails add 1e+23 to delta"}
     assert steps.rows == [] and not (tmp_path / "sweep" / "dp-grpo-eps128").exists()
+
+
+def test_a_study_folder_holding_another_run_is_refused(tiny_model_dir: Path, tmp_path: Path):
+    """The study resumes a run only if its folder holds the same config: a changed leaky recipe
+    in an old output folder must not continue the old run under the new name."""
+    import pytest
+
+    from dpgrpo.config import apply_overrides, config_from_dict, read_toml
+    from dpgrpo.errors import ConfigError
+    from dpgrpo.study import _train_once, private_twin
+
+    config = tmp_path / "study.toml"
+    config.write_text(STUDY_TOML.format(model=tiny_model_dir))
+    data = read_toml(config)
+    data.pop("study"), data.pop("protocol")
+    cfg = apply_overrides(config_from_dict(data), ["train.steps=1", "data.limit=6"])
+    _train_once(cfg, tmp_path / "run")
+    with pytest.raises(ConfigError, match="trained with another config"):
+        _train_once(apply_overrides(cfg, ["train.steps=2"]), tmp_path / "run")
+    with pytest.raises(ConfigError, match="no private twin"):
+        private_twin(apply_overrides(cfg, ["train.arm=dp-grpo"]))
 
 
 def test_steps_keep_the_time_of_the_run_that_did_the_work(tmp_path: Path) -> None:

@@ -252,22 +252,27 @@ def _with_defaults(saved: Any, defaults: Any) -> Any:
 
 
 def check_existing(spec: RunSpec) -> None:
-    """Raise ConfigError if ``spec.run_dir`` holds a run trained with another config.
+    """Raise ConfigError if ``spec.run_dir`` holds a run trained with another config."""
+    check_run_dir(spec.config, spec.run_dir)
+
+
+def check_run_dir(config: RunConfig, run_dir: Path) -> None:
+    """Raise ConfigError if ``run_dir`` holds a run trained with a config other than ``config``.
 
     A config saved by an earlier dpgrpo lacks the keys added since; each counts as its default
     (which reproduces the behaviour before the key existed), so such a run is refused only if
     the new config sets one of them otherwise.
     """
-    layout = RunDir(spec.run_dir)
+    layout = RunDir(run_dir)
     for path, public in ((layout.config_json, False), (layout.public_config_path, True)):
         saved = read_json_or_none(path)
         if saved is None:
             continue
-        wanted = json.loads(json.dumps(spec.config.to_dict(public=public)))
+        wanted = json.loads(json.dumps(config.to_dict(public=public)))
         defaults = json.loads(json.dumps(RunConfig().to_dict(public=public)))
         diff = _differences(_with_defaults(saved, defaults), wanted)
         if diff:
-            raise ConfigError(f"{spec.run_dir} was trained with another config (differs in "
+            raise ConfigError(f"{run_dir} was trained with another config (differs in "
                               f"{', '.join(diff)}); use another output folder or the same "
                               "config and --set options")
         return
@@ -387,6 +392,6 @@ def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[s
 
 __all__ = ["BASE_ARM", "DEFAULT_RECIPES", "LADDER_ARMS", "NON_PRIVATE_ARM", "PRIMARY_ARMS",
            "ProtocolPlan", "ProtocolResult", "ProtocolSettings", "RunSpec", "arm_config",
-           "check_existing", "check_shared_budget", "ensure_trained", "eval_complete", "evaluate",
+           "check_existing", "check_run_dir", "check_shared_budget", "ensure_trained", "eval_complete", "evaluate",
            "plan_protocol", "protocol_settings", "release_complete",
            "run_protocol"]

@@ -10,10 +10,12 @@ task and SmolLM2-135M:
 2. a deliberately leaky non-private run on ``members`` training problems seen many times, and
    the DIBA audit (with the classic baselines) of those members against as many held-out
    problems of the same split;
-3. the same audit of a DP-GRPO run on the same members at the study's epsilon, whose slot
+3. with ``dp_leaky = true``, the same audit of the leaky recipe made private: its arm's private
+   twin (:data:`PRIVATE_TWIN`) at the study's epsilon, sigma calibrated, all else equal;
+4. the same audit of a DP-GRPO run on the same members at the study's epsilon, whose slot
    universe also holds canaries: their one-run epsilon lower bound is printed beside the
    certified epsilon;
-4. optionally (``--sweep``) DP-GRPO at larger epsilons, each contrasted with the control.
+5. optionally (``--sweep``) DP-GRPO at larger epsilons, each contrasted with the control.
 
 Every step is resumable (a rerun into the same folder skips finished work) and timed (wall
 seconds and peak RSS). The results page ``cpu-study.md`` and ``cpu-study.json`` are written to
@@ -26,6 +28,7 @@ The ``[study]`` table of the config (stripped before the run config is built) se
     audit_samples = 8                   # DIBA responses per prompt and model
     audit_temperature = 0.5
     sweep = [32.0, 128.0]               # epsilons of --sweep
+    dp_leaky = true                     # also audit the leaky recipe under DP (step 3)
     [study.leaky]                       # overrides of the leaky non-private run
     "train.steps" = 16
     [study.private_audit]               # overrides of the audited DP-GRPO run
@@ -49,6 +52,9 @@ from dpgrpo.runtime import PeakRSS
 Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
 
+#: A non-private arm -> the private arm with the same per-record computation (``dp_leaky``).
+PRIVATE_TWIN = {"non-private": "dp-grpo", "non-private-gold-sft": "gold-sft"}
+
 
 @dataclass(frozen=True)
 class StudySettings:
@@ -62,6 +68,7 @@ class StudySettings:
     audit_seed: int = 0
     sweep: tuple[float, ...] = (32.0, 128.0)
     leaky: Mapping[str, Any] = field(default_factory=dict)
+    dp_leaky: bool = False
     private_audit: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,6 +143,9 @@ def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     from dpgrpo.protocol import release_complete
     from dpgrpo.trainer import train
 
+    from dpgrpo.protocol import check_run_dir
+
+    check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
     if not release_complete(run_dir, config.train.steps):
         resume = (run_dir / "recovery" / "journal.jsonl").exists()
         train(None if resume else config, run_dir, resume=resume)
@@ -248,6 +258,14 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     leaky = steps.run("DIBA audit of the leaky run",
                       lambda: _mia(out / "audit" / "leaky", out / "audit" / "leaky-mia",
                                    settings, leaky_cfg))
+    dp_leaky = None
+    if settings.dp_leaky:
+        dp_leaky_cfg = private_twin(leaky_cfg)
+        steps.run("the leaky recipe under DP", lambda: _train_once(
+            dp_leaky_cfg, out / "audit" / "dp-leaky"))
+        dp_leaky = steps.run("DIBA audit of the leaky recipe under DP",
+                             lambda: _mia(out / "audit" / "dp-leaky",
+                                          out / "audit" / "dp-leaky-mia", settings, dp_leaky_cfg))
     private_cfg = apply_overrides(config, _overrides(settings.private_audit))
     dp_cert = steps.run("audited DP-GRPO run (members + canaries)",
                         lambda: _train_once(private_cfg, out / "audit" / "private"))
@@ -263,7 +281,8 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     results = {
         "config": str(config_path), "out_dir": str(out), "steps": steps.rows,
         "plan": plan.to_dict(), "protocol_results": _jsonable(protocol.summaries),
-        "report": report, "leaky_mia": leaky, "private_mia": private, "canary": canary,
+        "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky, "private_mia": private,
+        "canary": canary,
         "private_audit_certificate": dp_cert, "dp_certificate": cert, "sweep": sweeps,
         "settings": {k: (dict(v) if isinstance(v, Mapping) else v)
                      for k, v in settings.__dict__.items()},
@@ -271,6 +290,15 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     results["summary"] = summarize(results, steps.wall)
     write_results(results, Path(results_dir), figures=out / "compare", audits=out / "audit")
     return results
+
+
+def private_twin(leaky: RunConfig) -> RunConfig:
+    """The leaky run's config with its arm made private (sigma calibrated to the epsilon)."""
+    twin = PRIVATE_TWIN.get(leaky.train.arm)
+    if twin is None:
+        raise ConfigError(f"study.dp_leaky: the leaky arm {leaky.train.arm!r} has no private "
+                          f"twin (known: {', '.join(PRIVATE_TWIN)})")
+    return apply_overrides(leaky, [f"train.arm={twin}", "privacy.noise_multiplier=none"])
 
 
 def _jsonable(x: Any) -> Any:
@@ -290,6 +318,10 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     leaky_auc, leaky_ci = _auc(results["leaky_mia"])
     dp_auc, dp_ci = _auc(results["private_mia"])
     canary = results["canary"]
+    dp_leaky = {}
+    if results.get("dp_leaky_mia"):
+        auc, ci = _auc(results["dp_leaky_mia"])
+        dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci}
     return {
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
         "dp_gain_pp": _contrast(report, "dp-grpo", "base")["pp"],
@@ -298,7 +330,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],
                                            cert["expected_batch"]),
         "audit_leaky_auc": leaky_auc, "audit_leaky_auc_ci": leaky_ci,
-        "audit_dp_auc": dp_auc, "audit_dp_auc_ci": dp_ci,
+        "audit_dp_auc": dp_auc, "audit_dp_auc_ci": dp_ci, **dp_leaky,
         "canary_eps_lower_bound": canary["empirical_epsilon_lower_bound"],
         "certified_eps": canary["certified_epsilon"],
         "dp_grpo_certified_eps": cert["epsilon"],
@@ -309,4 +341,5 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     }
 
 
-__all__ = ["StudySettings", "noise_to_signal", "run_study", "summarize"]
+__all__ = ["PRIVATE_TWIN", "StudySettings", "noise_to_signal", "private_twin", "run_study",
+           "summarize"]
