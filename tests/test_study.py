@@ -81,6 +81,15 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert twin_cert["sigma"] > 0 and twin_cert["epsilon"] <= 8.0 + 1e-9
     assert 0.0 <= record["audit_dp_leaky_auc"] <= 1.0 and "leaky recipe under DP" in \
         (results / "cpu-study.md").read_text()
+    # what each certificate allows, from its own ledger
+    from dpgrpo.privacy.accounting import PrivacyLedger
+    from dpgrpo.privacy.tradeoff import auc_ceiling
+
+    assert record["audit_dp_leaky_auc_ceiling"] == auc_ceiling(
+        PrivacyLedger.from_dict(twin_cert["ledger"]).events)
+    assert 0.5 < record["audit_dp_leaky_auc_ceiling"] < 1.0
+    assert 0.5 < record["audit_dp_auc_ceiling"] < 1.0
+    assert "AUC ceiling" in (results / "cpu-study.md").read_text()
     # sigma sqrt(p) / (q n) from the DP-GRPO arm's public certificate
     cert = record["details"]["dp_certificate"]
     assert record["noise_to_signal"] == (cert["sigma"] * cert["trainable_coordinates"] ** 0.5

@@ -159,7 +159,12 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
     from dpgrpo.audit.scoring import SamplingSettings
 
     if (out / "summary.json").exists():
-        return json.loads((out / "summary.json").read_text())
+        summary = json.loads((out / "summary.json").read_text())
+        if "certified_auc_ceiling" not in summary:     # written before the ceiling existed
+            from dpgrpo.audit.pipeline import read_run
+
+            summary["certified_auc_ceiling"] = read_run(run_dir).auc_ceiling
+        return summary
     k = settings.members
     sampling = SamplingSettings(n_samples=settings.audit_samples,
                                 temperature=settings.audit_temperature,
@@ -321,7 +326,8 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     dp_leaky = {}
     if results.get("dp_leaky_mia"):
         auc, ci = _auc(results["dp_leaky_mia"])
-        dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci}
+        dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci,
+                    "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"]}
     return {
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
         "dp_gain_pp": _contrast(report, "dp-grpo", "base")["pp"],
@@ -330,7 +336,8 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],
                                            cert["expected_batch"]),
         "audit_leaky_auc": leaky_auc, "audit_leaky_auc_ci": leaky_ci,
-        "audit_dp_auc": dp_auc, "audit_dp_auc_ci": dp_ci, **dp_leaky,
+        "audit_dp_auc": dp_auc, "audit_dp_auc_ci": dp_ci,
+        "audit_dp_auc_ceiling": results["private_mia"]["certified_auc_ceiling"], **dp_leaky,
         "canary_eps_lower_bound": canary["empirical_epsilon_lower_bound"],
         "certified_eps": canary["certified_epsilon"],
         "dp_grpo_certified_eps": cert["epsilon"],

@@ -35,6 +35,23 @@ def test_read_run_and_candidates(toy_run, tmp_path):
         read_candidates(tmp_path / "bad.jsonl")
 
 
+def test_the_certificate_ledger_gives_the_auc_ceiling(tiny_model_dir, tmp_path):
+    """One Gaussian round at sigma 1 without subsampling is 1-GDP: ceiling Phi(1 / sqrt 2)."""
+    from dpgrpo.privacy.tradeoff import gaussian_auc
+
+    run_dir = make_toy_run(tmp_path / "run", tiny_model_dir)
+    cert_path = run_dir / "release" / "certificate.json"
+    cert = json.loads(cert_path.read_text())
+    cert["ledger"] = {"neighbouring_relation": "add-or-remove-one",
+                      "events": [{"sampling_rate": 1.0, "noise_multiplier": 1.0, "count": 1}]}
+    cert_path.write_text(json.dumps(cert))
+    ceiling = read_run(run_dir).auc_ceiling
+    assert gaussian_auc(1.0) <= ceiling <= gaussian_auc(1.0) + 1e-3
+    cert["ledger"]["events"][0]["noise_multiplier"] = 0.0            # a noiseless release
+    cert_path.write_text(json.dumps(cert))
+    assert read_run(run_dir).auc_ceiling == 1.0
+
+
 def test_mia_end_to_end(toy_run, tmp_path):
     mem = write_jsonl(tmp_path / "members.jsonl", toy_problems("m", 10))
     non = write_jsonl(tmp_path / "nonmembers.jsonl", toy_problems("n", 10, start=10))
@@ -52,6 +69,8 @@ def test_mia_end_to_end(toy_run, tmp_path):
     assert len(summary["baselines"]) == 8
     assert paths["roc.png"].read_bytes()[:4] == b"\x89PNG"
     assert "Hardness split" in paths["report.md"].read_text()
+    assert summary["certified_auc_ceiling"] is None                   # the toy has no ledger
+    assert "no AUC ceiling" in paths["report.md"].read_text()
     rows = [json.loads(line) for line in paths["candidates.jsonl"].read_text().splitlines()]
     assert len(rows) == 20 and rows[0]["member"] == 1 and "loss_calibrated" in rows[0]["baselines"]
     with pytest.raises(ReleaseError):

@@ -10,6 +10,7 @@ guesses.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,10 +41,23 @@ class RunInfo:
     epsilon: float | None
     delta: float | None
     config: dict = field(repr=False, default_factory=dict)
+    ledger: dict | None = field(repr=False, default=None)
 
     @property
     def canary_plan_path(self) -> Path:
         return RunDir(self.run_dir).canaries
+
+    @functools.cached_property
+    def auc_ceiling(self) -> float | None:
+        """The largest membership AUC the certificate's ledger allows
+        (:func:`dpgrpo.privacy.tradeoff.auc_ceiling`; 1.0 for a non-private run); None
+        without a ledger."""
+        from dpgrpo.privacy.accounting import PrivacyLedger
+        from dpgrpo.privacy.tradeoff import auc_ceiling
+
+        if not self.ledger:
+            return None
+        return auc_ceiling(PrivacyLedger.from_dict(self.ledger).events)
 
 
 def read_run(run_dir: str | Path) -> RunInfo:
@@ -66,7 +80,7 @@ def read_run(run_dir: str | Path) -> RunInfo:
     eps, delta = cert.get("epsilon"), cert.get("delta")
     return RunInfo(layout.root, layout.release, str(name), task_name,
                    None if eps is None else float(eps), None if delta is None else float(delta),
-                   config)
+                   config, cert.get("ledger"))
 
 
 _SPLIT_SPEC = re.compile(r"^(?P<task>[\w.-]+):(?P<split>[\w.-]+)(\[(?P<a>\d*):(?P<b>\d*)\])?$")

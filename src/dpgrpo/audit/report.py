@@ -88,6 +88,7 @@ def mia_summary(o: MIAOutcome) -> dict:
         "task": o.run.task_name,
         "certified_epsilon": o.run.epsilon,
         "certified_delta": o.run.delta,
+        "certified_auc_ceiling": o.run.auc_ceiling,
         "n_members": int(o.labels.sum()),
         "n_nonmembers": int((1 - o.labels).sum()),
         "sampling": {"n_samples": o.settings.n_samples, "temperature": o.settings.temperature,
@@ -99,13 +100,21 @@ def mia_summary(o: MIAOutcome) -> dict:
     }
 
 
+def _ceiling(value: float | None) -> str:
+    if value is None:
+        return "no ledger in the certificate, so no AUC ceiling."
+    return (f"the certificate allows a membership AUC of at most {value:.3f} "
+            "(`dpgrpo.privacy.tradeoff`: any attack on one record, members drawn at random).")
+
+
 def mia_markdown(o: MIAOutcome) -> str:
     """The markdown report of a DIBA audit."""
     r, s = o.result, mia_summary(o)
     lines = [
         "# Membership-inference audit (DIBA)", "",
         f"Run `{o.run.run_dir}`; model `{o.run.model_name}`, task `{o.run.task_name}`; "
-        f"certified epsilon {_fmt(o.run.epsilon, 2)} at delta {o.run.delta}.", "",
+        f"certified epsilon {_fmt(o.run.epsilon, 2)} at delta {o.run.delta}; "
+        f"{_ceiling(o.run.auc_ceiling)}", "",
         f"{s['n_members']} members, {s['n_nonmembers']} non-members; {o.settings.n_samples} "
         f"samples per prompt and model at temperature {o.settings.temperature}; stacking "
         f"classifier ({r.unified.n_estimators} trees + logistic regression), stratified "

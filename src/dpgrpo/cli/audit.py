@@ -78,6 +78,9 @@ def mia(
                f"balanced accuracy {m.balanced_accuracy:.3f}, "
                f"TPR@0.1%FPR {m.tpr_at_fpr['0.001']:.3f}, TPR@1%FPR {m.tpr_at_fpr['0.01']:.3f} "
                f"({outcome.labels.size} candidates, {folds}-fold CV, seed {seed})")
+    if outcome.run.auc_ceiling is not None:
+        typer.echo(f"the run's certificate allows a membership AUC of at most "
+                   f"{outcome.run.auc_ceiling:.3f}")
     typer.echo(f"wrote {paths['summary.json']} and {paths['report.md']}")
 
 

@@ -25,11 +25,16 @@ def study_cmd(
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
     result = run_study(config, out, results_dir=results, sweep=sweep, say=say)
     s = result["summary"]
-    typer.echo(f"non-private gain {s['nonprivate_gain_pp']:+.1f} pp {s['nonprivate_gain_ci']}; "
-               f"DP-GRPO vs control {s['dp_vs_control_pp']:+.1f} pp {s['dp_vs_control_ci']} "
+    def ci(pair, digits: int = 1) -> str:
+        return "[" + ", ".join(f"{x:.{digits}f}" for x in pair) + "]"
+
+    leaky_dp = (f", leaky recipe under DP {s['audit_dp_leaky_auc']:.3f} "
+                f"{ci(s['audit_dp_leaky_auc_ci'], 3)}" if "audit_dp_leaky_auc" in s else "")
+    typer.echo(f"non-private gain {s['nonprivate_gain_pp']:+.1f} pp {ci(s['nonprivate_gain_ci'])}; "
+               f"DP-GRPO vs control {s['dp_vs_control_pp']:+.1f} pp {ci(s['dp_vs_control_ci'])} "
                f"(MDE {s['dp_vs_control_mde']:.1f}, noise/signal {s['noise_to_signal']:.1f}); "
-               f"DIBA AUC leaky {s['audit_leaky_auc']:.3f} {s['audit_leaky_auc_ci']}, DP "
-               f"{s['audit_dp_auc']:.3f} {s['audit_dp_auc_ci']}; canary bound "
+               f"DIBA AUC leaky {s['audit_leaky_auc']:.3f} {ci(s['audit_leaky_auc_ci'], 3)}, DP "
+               f"{s['audit_dp_auc']:.3f} {ci(s['audit_dp_auc_ci'], 3)}{leaky_dp}; canary bound "
                f"{s['canary_eps_lower_bound']:.3f} vs certified {s['certified_eps']:.3f}; "
                f"{s['wall_seconds'] / 60:.1f} min")
     typer.echo(f"wrote {results / 'cpu-study.md'} and {results / 'cpu-study.json'}")

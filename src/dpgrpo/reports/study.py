@@ -72,10 +72,12 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         f"q n {cert['expected_batch']:g}; the paper's MATH point is about 8).",
         f"- DIBA on the leaky non-private run: AUC **{s['audit_leaky_auc']:.3f}** "
         f"{_ci(s['audit_leaky_auc_ci'], 3)}; on the DP-GRPO run over the same members: AUC "
-        f"**{s['audit_dp_auc']:.3f}** {_ci(s['audit_dp_auc_ci'], 3)}"
+        f"**{s['audit_dp_auc']:.3f}** {_ci(s['audit_dp_auc_ci'], 3)} (its certificate allows "
+        f"at most {s['audit_dp_auc_ceiling']:.3f})"
         + (f"; on the leaky recipe under DP (certified epsilon "
            f"{results['dp_leaky_mia']['certified_epsilon']:.2f}): AUC "
-           f"**{s['audit_dp_leaky_auc']:.3f}** {_ci(s['audit_dp_leaky_auc_ci'], 3)}."
+           f"**{s['audit_dp_leaky_auc']:.3f}** {_ci(s['audit_dp_leaky_auc_ci'], 3)} (at most "
+           f"{s['audit_dp_leaky_auc_ceiling']:.3f})."
            if "audit_dp_leaky_auc" in s else "."),
         f"- Canary one-run lower bound **{s['canary_eps_lower_bound']:.3f}** beside the "
         f"certified epsilon {s['certified_eps']:.3f} of that run.",
@@ -119,11 +121,21 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ceiling(mia: Mapping[str, Any]) -> str:
+    value = mia.get("certified_auc_ceiling")
+    return "" if value is None else f"{value:.3f}"
+
+
 def _audit_table(results: Mapping[str, Any]) -> str:
-    rows = ["| run | attack | AUC (pooled OOF) | 95% CI | TPR@1%FPR |",
-            "| --- | --- | ---: | --- | ---: |"]
+    rows = ["| run | attack | AUC (pooled OOF) | 95% CI | TPR@1%FPR | AUC ceiling of the "
+            "certificate |", "| --- | --- | ---: | --- | ---: | ---: |"]
     runs = (("leaky non-private", "leaky_mia"), ("leaky recipe under DP", "dp_leaky_mia"),
             ("DP-GRPO", "private_mia"))
+    leaky = results["leaky_mia"]
+    k = leaky["n_members"]
+    rows[:0] = [f"Members: `{leaky['task']}` train[0:{k}]; non-members: train[{k}:"
+                f"{k + leaky['n_nonmembers']}] (the config's `[study.leaky]` and "
+                "`[study.private_audit]` say how each audited run trained).", ""]
     for label, key in runs:
         mia = results.get(key)
         if not mia:
@@ -131,7 +143,7 @@ def _audit_table(results: Mapping[str, Any]) -> str:
         pooled = mia["diba"]["pooled"]
         rows.append(f"| {label} | DIBA | {pooled['auc']:.3f} | "
                     f"{_ci([pooled['extra']['auc_ci_low'], pooled['extra']['auc_ci_high']], 3)} "
-                    f"| {pooled['tpr_at_fpr']['0.01']:.3f} |")
+                    f"| {pooled['tpr_at_fpr']['0.01']:.3f} | {_ceiling(mia)} |")
         for b in mia.get("baselines", []):
             m = b.get("metrics")
             if m is None:
@@ -139,8 +151,13 @@ def _audit_table(results: Mapping[str, Any]) -> str:
             extra = m.get("extra", {})
             rows.append(f"| {label} | {b['name']} | {m['auc']:.3f} | "
                         f"{_ci([extra.get('auc_ci_low', 0), extra.get('auc_ci_high', 0)], 3)} | "
-                        f"{m['tpr_at_fpr']['0.01']:.3f} |")
+                        f"{m['tpr_at_fpr']['0.01']:.3f} | |")
     c = results["canary"]
+    rows += ["", "AUC ceiling: the largest AUC any membership test of one record can reach under "
+             "the run's certificate (the trade-off curve of its privacy profile, "
+             "`dpgrpo.privacy.tradeoff`; 1 for a run without noise). It bounds the game where "
+             "each record is in with probability 1/2; the audit compares fixed members with "
+             "other problems of the same split, which is that game only on average."]
     rows += ["", f"Canary audit of the DP-GRPO run: {c.get('m', '?')} canaries, "
              f"{c.get('v', '?')} of {c.get('r', '?')} guesses correct; empirical epsilon lower "
              f"bound {c['empirical_epsilon_lower_bound']:.3f} at {c.get('confidence', 0.95):.0%} "
