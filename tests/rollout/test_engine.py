@@ -350,3 +350,36 @@ def test_static_cache_columns_start_at_zero(policy):
     assert layer._k.shape == (3, 2, 12, 4)
     assert torch.equal(layer._k[:, :, 5:], torch.zeros(3, 2, 7, 4, dtype=torch.float64))
     assert torch.equal(layer._k[:, :, :5], k[[0, 0, 1]])
+
+
+def test_a_merged_adapter_decodes_the_same_and_leaves_every_weight_as_it_was():
+    """On the CPU the engine decodes with W + scale B A as each adapted layer's weight. Its
+    logits equal the LoRA path's up to rounding, its greedy and sampled completions are the
+    same, and afterwards the base weights are the same tensors, bit for bit, the adapter is on
+    again and its parameters still train."""
+    from dpgrpo.rollout.transformers_engine import TransformersEngine, merged_adapter
+
+    model, tok = tiny_fp64_policy(seed=3, lora_scale=0.5)
+    bases = {n: (p, p.detach().clone()) for n, p in model.named_parameters() if "lora" not in n}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora" in n for n in trainable)
+    ids = torch.tensor([[5, 17, 42, 99, 7]])
+    with torch.no_grad():
+        lora_path = model(input_ids=ids).logits
+        with merged_adapter(model):
+            merged = model(input_ids=ids).logits
+            swapped = [n for n, p in model.named_parameters() if n in bases and p is not bases[n][0]]
+        with model.disable_adapter():
+            base_only = model(input_ids=ids).logits
+    assert swapped and (merged - lora_path).abs().max() < 1e-12     # fp64: rounding only
+    assert (lora_path - base_only).abs().max() > 1e-3               # the adapter does something
+    for name, p in model.named_parameters():
+        if name in bases:
+            assert p is bases[name][0] and torch.equal(p, bases[name][1]), name
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, lora_path)   # the LoRA path is back
+    kw = dict(group_size=3, temperature=0.7, max_new_tokens=6, seeds=[11, 12, 13])
+    on = TransformersEngine(model, tok, merge_adapter=True).generate(MSGS, **kw)
+    off = TransformersEngine(model, tok, merge_adapter=False).generate(MSGS, **kw)
+    assert torch.equal(on.input_ids, off.input_ids) and on.texts == off.texts
