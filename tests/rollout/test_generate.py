@@ -152,3 +152,21 @@ def test_top_p_and_repetition_penalty_change_the_sampler(model, tok):
     assert not torch.equal(plain.input_ids, diba.input_ids)
     with pytest.raises(ConfigError, match="top_p"):
         generate(model, tok, MSGS, top_p=0.0, **kw)
+
+
+@pytest.mark.parametrize("vocab", [256, 300, 49152])
+def test_inverse_cdf_is_the_exact_categorical_draw(vocab):
+    """The two-level draw equals a direct fp64 cumsum search, whether or not the vocabulary is a
+    multiple of the block (no padding then), and never returns a zero-probability token."""
+    from dpgrpo.rollout.sampling import inverse_cdf
+
+    gen = torch.Generator().manual_seed(vocab)
+    probs = torch.rand((64, vocab), generator=gen) ** 4
+    probs[:, ::3] = 0.0                                     # tokens with no width
+    probs = probs / probs.sum(-1, keepdim=True)
+    coins = torch.rand(64, generator=gen, dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    direct = torch.searchsorted(cdf, (coins * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    drawn = inverse_cdf(probs, coins)
+    assert (probs[torch.arange(64), drawn] > 0).all()
+    assert torch.equal(drawn, direct)

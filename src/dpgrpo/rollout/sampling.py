@@ -86,7 +86,8 @@ def inverse_cdf(probs: torch.Tensor, coins: torch.Tensor, block: int = 256) -> t
     entry, that entry is returned.
     """
     rows, vocab = probs.shape
-    padded = torch.nn.functional.pad(probs, (0, (-vocab) % block))               # zeros: no width
+    extra = (-vocab) % block
+    padded = torch.nn.functional.pad(probs, (0, extra)) if extra else probs      # zeros: no width
     blocks = padded.view(rows, -1, block)                                         # (A, nb, k)
     sums = blocks.sum(dim=-1, dtype=torch.float64)                                # (A, nb)
     block_cdf = sums.cumsum(dim=-1)
