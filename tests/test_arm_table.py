@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dpgrpo.arm_table import ARMS, arm_spec, arms_with_role
+from dpgrpo.arm_table import ARMS, arm_spec, arms_with_role, private_twin
 from dpgrpo.arms import make_arm
 from dpgrpo.config import RunConfig, TrainConfig, apply_overrides, embedded_default
 from dpgrpo.errors import ConfigError
@@ -74,6 +74,8 @@ def test_the_table_is_consistent_and_the_protocol_reads_its_roles():
     assert [a for a in ARMS if not ARMS[a].private] == ["non-private", "non-private-gold-sft"]
     assert NON_PRIVATE_ARM == "non-private"      # the protocol's one sigma = 0 reference
     assert arms_with_role("audit") == ("non-private-gold-sft",)
+    assert [private_twin(a) for a in ("non-private", "non-private-gold-sft")] == \
+        ["dp-grpo", "gold-sft"]
     assert PRIMARY_ARMS == ("dp-grpo", "zero-advantage", "filtered-sft", "gold-sft")
     assert LADDER_ARMS == ("shuffled-reward", "positive-only")
 

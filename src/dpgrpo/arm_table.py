@@ -79,9 +79,21 @@ def arm_spec(name: str) -> ArmSpec:
         raise ConfigError(f"train.arm must be one of {', '.join(ARMS)}; got {name!r}") from None
 
 
+def private_twin(name: str) -> str:
+    """The private arm whose per-record computation equals the non-private arm ``name``'s
+    (same objective, rollout source and advantage); ConfigError if there is none."""
+    spec = arm_spec(name)
+    same = (spec.objective, spec.rollouts, spec.advantage)
+    twins = [a.name for a in ARMS.values()
+             if a.private and (a.objective, a.rollouts, a.advantage) == same]
+    if spec.private or len(twins) != 1:
+        raise ConfigError(f"arm {name!r} has no private twin in the arm table")
+    return twins[0]
+
+
 def arms_with_role(role: str) -> tuple[str, ...]:
     """The names of the arms with protocol role ``role``, in table order."""
     return tuple(name for name, spec in ARMS.items() if spec.role == role)
 
 
-__all__ = ["ARMS", "ArmSpec", "arm_spec", "arms_with_role"]
+__all__ = ["ARMS", "ArmSpec", "arm_spec", "arms_with_role", "private_twin"]

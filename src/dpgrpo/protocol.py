@@ -392,6 +392,6 @@ def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[s
 
 __all__ = ["BASE_ARM", "DEFAULT_RECIPES", "LADDER_ARMS", "NON_PRIVATE_ARM", "PRIMARY_ARMS",
            "ProtocolPlan", "ProtocolResult", "ProtocolSettings", "RunSpec", "arm_config",
-           "check_existing", "check_run_dir", "check_shared_budget", "ensure_trained", "eval_complete", "evaluate",
-           "plan_protocol", "protocol_settings", "release_complete",
+           "check_existing", "check_run_dir", "check_shared_budget", "ensure_trained",
+           "eval_complete", "evaluate", "plan_protocol", "protocol_settings", "release_complete",
            "run_protocol"]

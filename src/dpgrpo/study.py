@@ -10,8 +10,9 @@ task and SmolLM2-135M:
 2. a deliberately leaky non-private run on ``members`` training problems seen many times, and
    the DIBA audit (with the classic baselines) of those members against as many held-out
    problems of the same split;
-3. with ``dp_leaky = true``, the same audit of the leaky recipe made private: its arm's private
-   twin (:data:`PRIVATE_TWIN`) at the study's epsilon, sigma calibrated, all else equal;
+3. with ``dp_leaky = true``, the same audit of the leaky recipe made private: its arm's
+   private twin (:func:`dpgrpo.arm_table.private_twin`) at the study's epsilon, sigma
+   calibrated, all else equal;
 4. the same audit of a DP-GRPO run on the same members at the study's epsilon, whose slot
    universe also holds canaries: their one-run epsilon lower bound is printed beside the
    certified epsilon;
@@ -51,9 +52,6 @@ from dpgrpo.runtime import PeakRSS
 
 Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
-
-#: A non-private arm -> the private arm with the same per-record computation (``dp_leaky``).
-PRIVATE_TWIN = {"non-private": "dp-grpo", "non-private-gold-sft": "gold-sft"}
 
 
 @dataclass(frozen=True)
@@ -140,10 +138,8 @@ def _overrides(table: Mapping[str, Any]) -> list[str]:
 
 def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Train (or resume, or skip when complete) one run; its certificate."""
-    from dpgrpo.protocol import release_complete
+    from dpgrpo.protocol import check_run_dir, release_complete
     from dpgrpo.trainer import train
-
-    from dpgrpo.protocol import check_run_dir
 
     check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
     if not release_complete(run_dir, config.train.steps):
@@ -171,7 +167,8 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
                                 max_new_tokens=settings.audit_max_new_tokens)
     task = config.data.task
     outcome = run_mia(run_dir, f"{task}:train[0:{k}]", f"{task}:train[{k}:{2 * k}]",
-                      data_dir=config.data.data_dir, settings=sampling, seed=settings.audit_seed, n_folds=settings.audit_folds)
+                      data_dir=config.data.data_dir, settings=sampling, seed=settings.audit_seed,
+                      n_folds=settings.audit_folds)
     write_mia_report(out, outcome)
     return mia_summary(outcome)
 
@@ -299,10 +296,12 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
 
 def private_twin(leaky: RunConfig) -> RunConfig:
     """The leaky run's config with its arm made private (sigma calibrated to the epsilon)."""
-    twin = PRIVATE_TWIN.get(leaky.train.arm)
-    if twin is None:
-        raise ConfigError(f"study.dp_leaky: the leaky arm {leaky.train.arm!r} has no private "
-                          f"twin (known: {', '.join(PRIVATE_TWIN)})")
+    from dpgrpo.arm_table import private_twin as twin_of
+
+    try:
+        twin = twin_of(leaky.train.arm)
+    except ConfigError as err:
+        raise ConfigError(f"study.dp_leaky: {err}") from None
     return apply_overrides(leaky, [f"train.arm={twin}", "privacy.noise_multiplier=none"])
 
 
@@ -348,5 +347,5 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     }
 
 
-__all__ = ["PRIVATE_TWIN", "StudySettings", "noise_to_signal", "private_twin", "run_study",
+__all__ = ["StudySettings", "noise_to_signal", "private_twin", "run_study",
            "summarize"]
