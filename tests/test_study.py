@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -42,6 +43,7 @@ audit_max_new_tokens = 4
 audit_folds = 2
 sweep = [64.0]
 dp_leaky = true
+workers = 2
 [study.leaky]
 "train.arm" = "non-private-gold-sft"
 "privacy.noise_multiplier" = "none"
@@ -100,12 +102,21 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert any(p.name.startswith("cpu-study-") and p.suffix == ".png" for p in results.iterdir())
     steps = [r["step"] for r in record["details"]["steps"]]
     assert len(steps) >= 9 and all(r["peak_rss_bytes"] > 0 for r in record["details"]["steps"])
+    # study.workers = 2: the tasks ran in two worker processes, each with its own record
+    assert {"non-private-seed1: train (2 rounds)", "dp-grpo-seed1: evaluate", "base: evaluate",
+            "sweep eps=64: train", "canary audit (one-run lower bound)"} <= set(steps)
+    pids = {r["pid"] for r in record["details"]["steps"]}
+    assert len(pids - {os.getpid()}) == 2, pids
+    assert {p.stem for p in (out / "steps").glob("*.json")} >= {"private", "leaky", "dp-leaky",
+                                                                 "base", "non-private-seed1"}
+    assert "2 worker processes" in page
     # a rerun finds everything done: the same results, no new training
     journal = out / "audit" / "leaky" / "recovery" / "journal.jsonl"
     before = journal.read_text()
-    again = CliRunner().invoke(app, args)
+    again = CliRunner().invoke(app, args + ["--workers", "1", "--no-dp-leaky"])
     assert again.exit_code == 0, again.output
     assert journal.read_text() == before
+    assert "audit_dp_leaky_auc" not in json.loads((results / "cpu-study.json").read_text())
     assert json.loads((results / "cpu-study.json").read_text())["audit_leaky_auc"] == \
         record["audit_leaky_auc"]
 
@@ -164,3 +175,19 @@ def test_steps_keep_the_time_of_the_run_that_did_the_work(tmp_path: Path) -> Non
     again.run("train", lambda: None)
     assert [r["step"] for r in again.rows] == ["train"] and again.rows[0]["seconds"] == done
     assert json.loads(record.read_text())[0]["seconds"] == done and again.wall == done
+
+
+def test_the_wall_time_counts_overlapping_steps_once(tmp_path: Path) -> None:
+    """Workers run steps at once: the wall time is the union of their spans, not the sum."""
+    from dpgrpo.study import Steps
+
+    rows = [{"step": "a", "seconds": 10.0, "start": 100.0, "peak_rss_bytes": 1},
+            {"step": "b", "seconds": 10.0, "start": 105.0, "peak_rss_bytes": 1},   # overlaps a
+            {"step": "c", "seconds": 5.0, "start": 200.0, "peak_rss_bytes": 1},    # later, apart
+            {"step": "d", "seconds": 2.0, "peak_rss_bytes": 1}]                    # no start
+    (tmp_path / "w1.json").write_text(json.dumps(rows[:1] + rows[2:]))
+    (tmp_path / "w2.json").write_text(json.dumps(rows[1:2]))
+    steps = Steps(lambda message: None, tmp_path / "main.json",
+                  others=[tmp_path / "w1.json", tmp_path / "w2.json"])
+    assert sorted(r["step"] for r in steps.rows) == ["a", "b", "c", "d"]
+    assert steps.wall == 15.0 + 5.0 + 2.0

@@ -19,7 +19,11 @@ task and SmolLM2-135M:
 5. optionally (``--sweep``) DP-GRPO at larger epsilons, each contrasted with the control.
 
 Every step is resumable (a rerun into the same folder skips finished work) and timed (wall
-seconds and peak RSS). The results page ``cpu-study.md`` and ``cpu-study.json`` are written to
+seconds and peak RSS). The work is split into independent tasks (each audited run with its
+audits, each protocol arm with its evaluation, the base evaluation, each sweep point); with
+``workers = N`` they run in N spawned processes at once, each with cores / N torch threads
+(on 2 cores, two single-thread processes get more done than one process with two threads), and
+a final pass collects the results. The wall time is the union of the steps' time spans. The results page ``cpu-study.md`` and ``cpu-study.json`` are written to
 ``--results`` (default ``docs/results``); the figures are copied beside them.
 
 The ``[study]`` table of the config (stripped before the run config is built) sets::
@@ -30,6 +34,7 @@ The ``[study]`` table of the config (stripped before the run config is built) se
     audit_temperature = 0.5
     sweep = [32.0, 128.0]               # epsilons of --sweep
     dp_leaky = true                     # also audit the leaky recipe under DP (step 3)
+    workers = 2                         # independent tasks in 2 processes at once
     [study.leaky]                       # overrides of the leaky non-private run
     "train.steps" = 16
     [study.private_audit]               # overrides of the audited DP-GRPO run
@@ -38,13 +43,15 @@ The ``[study]`` table of the config (stripped before the run config is built) se
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, PrivacyError
@@ -68,8 +75,12 @@ class StudySettings:
     leaky: Mapping[str, Any] = field(default_factory=dict)
     dp_leaky: bool = False
     private_audit: Mapping[str, Any] = field(default_factory=dict)
+    audit_prompts_per_batch: int = 16   # prompts per sampling call (x audit_samples rows)
+    workers: int = 1                    # processes running independent tasks at once
 
     def __post_init__(self) -> None:
+        if self.workers < 1 or self.audit_prompts_per_batch < 1:
+            raise ConfigError("study.workers and study.audit_prompts_per_batch must be >= 1")
         if self.members < self.audit_folds:
             raise ConfigError(f"study.members must be >= study.audit_folds ({self.audit_folds})")
         if any(not e > 0 for e in self.sweep):
@@ -86,6 +97,18 @@ class StudySettings:
         return cls(**values)
 
 
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    return list(json.loads(path.read_text())) if path.exists() else []
+
+
+def _best(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["step"] not in best or row["seconds"] > best[row["step"]]["seconds"]:
+            best[row["step"]] = row
+    return list(best.values())
+
+
 class Steps:
     """Wall time and peak RSS of each named step of the study.
 
@@ -94,41 +117,46 @@ class Steps:
     step name, the row with the most seconds), so an interrupted study still reports them.
     """
 
-    def __init__(self, say: Say, record: Path | None = None) -> None:
+    def __init__(self, say: Say, record: Path | None = None, *,
+                 others: Sequence[Path] = ()) -> None:
         self.say, self.record = say, record
-        self._rows: list[dict[str, Any]] = []
-        if record is not None and record.exists():
-            self._rows = list(json.loads(record.read_text()))
+        self._rows: list[dict[str, Any]] = _read_rows(record) if record is not None else []
+        self._others = [row for path in others for row in _read_rows(path)]
         self.started = time.perf_counter()
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        best: dict[str, dict[str, Any]] = {}
-        for row in self._rows:
-            if row["step"] not in best or row["seconds"] > best[row["step"]]["seconds"]:
-                best[row["step"]] = row
-        return list(best.values())
+        """For each step name, the row with the most seconds (the run that did its work),
+        from this record and from the other workers' records."""
+        return _best(self._rows + self._others)
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         self.say(f"{name} ...")
-        t0 = time.perf_counter()
+        start, t0 = time.time(), time.perf_counter()
         with PeakRSS(interval=0.05) as mem:
             out = fn()
         row = {"step": name, "seconds": round(time.perf_counter() - t0, 1),
-               "peak_rss_bytes": mem.peak}
+               "peak_rss_bytes": mem.peak, "start": round(start, 1), "pid": os.getpid()}
         self._rows.append(row)
         if self.record is not None:
             from dpgrpo.checkpoint import atomic_write_json
 
             self.record.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(self.record, self.rows)
+            atomic_write_json(self.record, _best(self._rows))
         self.say(f"{name}: {row['seconds']:.0f} s")
         return out
 
     @property
     def wall(self) -> float:
-        """Seconds of study work: the sum of the steps' rows (resumed steps included)."""
-        return sum(row["seconds"] for row in self.rows)
+        """Seconds of study work: the length of the union of the steps' time spans, so steps
+        run at once by several workers count once and a resumed study adds its steps' time;
+        rows without a start time (older records) add their seconds."""
+        spans = sorted((r["start"], r["start"] + r["seconds"]) for r in self.rows if "start" in r)
+        total, end = sum(r["seconds"] for r in self.rows if "start" not in r), -math.inf
+        for a, b in spans:
+            total += max(0.0, b - max(a, end))
+            end = max(end, b)
+        return total
 
 
 def _overrides(table: Mapping[str, Any]) -> list[str]:
@@ -148,11 +176,19 @@ def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "release" / "certificate.json").read_text())
 
 
+def _sampling(settings: StudySettings) -> Any:
+    from dpgrpo.audit.scoring import SamplingSettings
+
+    return SamplingSettings(n_samples=settings.audit_samples,
+                            temperature=settings.audit_temperature,
+                            max_new_tokens=settings.audit_max_new_tokens,
+                            prompts_per_batch=settings.audit_prompts_per_batch)
+
+
 def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
     """DIBA and the baselines on the run's members ``train[0:k]`` against ``train[k:2k]``."""
     from dpgrpo.audit.pipeline import run_mia
     from dpgrpo.audit.report import mia_summary, write_mia_report
-    from dpgrpo.audit.scoring import SamplingSettings
 
     if (out / "summary.json").exists():
         summary = json.loads((out / "summary.json").read_text())
@@ -162,12 +198,10 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
             summary["certified_auc_ceiling"] = read_run(run_dir).auc_ceiling
         return summary
     k = settings.members
-    sampling = SamplingSettings(n_samples=settings.audit_samples,
-                                temperature=settings.audit_temperature,
-                                max_new_tokens=settings.audit_max_new_tokens)
     task = config.data.task
     outcome = run_mia(run_dir, f"{task}:train[0:{k}]", f"{task}:train[{k}:{2 * k}]",
-                      data_dir=config.data.data_dir, settings=sampling, seed=settings.audit_seed,
+                      data_dir=config.data.data_dir, settings=_sampling(settings),
+                      seed=settings.audit_seed,
                       n_folds=settings.audit_folds)
     write_mia_report(out, outcome)
     return mia_summary(outcome)
@@ -176,14 +210,10 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
 def _canary(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]:
     from dpgrpo.audit.pipeline import run_canary_audit
     from dpgrpo.audit.report import canary_summary, write_canary_report
-    from dpgrpo.audit.scoring import SamplingSettings
 
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
-    sampling = SamplingSettings(n_samples=settings.audit_samples,
-                                temperature=settings.audit_temperature,
-                                max_new_tokens=settings.audit_max_new_tokens)
-    outcome = run_canary_audit(run_dir, settings=sampling, seed=settings.audit_seed)
+    outcome = run_canary_audit(run_dir, settings=_sampling(settings), seed=settings.audit_seed)
     write_canary_report(out, outcome)
     return canary_summary(outcome)
 
@@ -208,24 +238,34 @@ def noise_to_signal(sigma: float, coordinates: int, expected_batch: float) -> fl
     return sigma * math.sqrt(coordinates) / expected_batch
 
 
-def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
-    """DP-GRPO at ``eps`` (sigma recalibrated, all else equal), evaluated, vs the control."""
-    from dpgrpo.evaluation import stats
+def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
+    """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
+    and certificate, or the reason it was refused."""
     from dpgrpo.protocol import eval_complete, evaluate
-    from dpgrpo.reports.inputs import load_arms
 
     base = next(r for r in plan.runs if r.arm == "dp-grpo")
-    control = next(r for r in plan.runs if r.arm == "zero-advantage")
     cfg = apply_overrides(base.config, ["privacy.noise_multiplier=none", f"privacy.epsilon={eps}"])
     run_dir = plan.out_dir / "sweep" / f"dp-grpo-eps{eps:g}"
     try:
         cert = steps.run(f"sweep eps={eps:g}: train", lambda: _train_once(cfg, run_dir))
     except PrivacyError as err:  # e.g. the noise-tail gate: this epsilon cannot be certified
-        return {"epsilon": eps, "refused": str(err)}
+        return run_dir, str(err)
     if not eval_complete(run_dir / "eval", plan.n_eval):
         steps.run(f"sweep eps={eps:g}: evaluate", lambda: evaluate(
             plan, run_dir / "eval", adapter=run_dir / "release", arm=f"dp-grpo-eps{eps:g}",
             seed=1))
+    return run_dir, cert
+
+
+def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
+    """DP-GRPO at ``eps`` (:func:`_sweep_run`) contrasted with the control."""
+    from dpgrpo.evaluation import stats
+    from dpgrpo.reports.inputs import load_arms
+
+    control = next(r for r in plan.runs if r.arm == "zero-advantage")
+    run_dir, cert = _sweep_run(plan, eps, steps)
+    if isinstance(cert, str):
+        return {"epsilon": eps, "refused": cert}
     _, (a, b) = load_arms([run_dir / "eval", control.eval_dir], plan.base_dir)
     c = stats.contrast(a.correct["strict"], b.correct["strict"], draws=plan.settings.draws,
                        sign_draws=plan.settings.sign_draws)
@@ -237,51 +277,187 @@ def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
                                                cert["expected_batch"])}
 
 
+@dataclass(frozen=True)
+class _Study:
+    """What every step of the study needs, rebuilt from the config file (also in a worker)."""
+
+    config_path: Path
+    out: Path
+    settings: StudySettings
+    config: RunConfig
+    plan: Any
+
+    @classmethod
+    def load(cls, config_path: str | Path, out_dir: str | Path,
+             overrides: Mapping[str, Any] | None = None) -> "_Study":
+        """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings."""
+        from dpgrpo.protocol import plan_protocol, protocol_settings
+
+        config_path = Path(config_path).resolve()
+        data = read_toml(config_path)
+        settings = StudySettings.from_table({**data.pop("study", {}), **(overrides or {})})
+        table = data.pop("protocol", {})
+        config = config_from_dict(data, source=str(config_path))
+        out = Path(out_dir).resolve()
+        return cls(config_path, out, settings, config,
+                   plan_protocol(config, protocol_settings(table), out))
+
+    @property
+    def leaky(self) -> RunConfig:
+        return apply_overrides(self.config, _overrides(self.settings.leaky))
+
+    @property
+    def private(self) -> RunConfig:
+        return apply_overrides(self.config, _overrides(self.settings.private_audit))
+
+    def audit(self, name: str) -> Path:
+        return self.out / "audit" / name
+
+
+def _leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
+    cfg = st.leaky
+    steps.run("leaky non-private run", lambda: _train_once(cfg, st.audit("leaky")))
+    return steps.run("DIBA audit of the leaky run", lambda: _mia(
+        st.audit("leaky"), st.audit("leaky-mia"), st.settings, cfg))
+
+
+def _dp_leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
+    cfg = private_twin(st.leaky)
+    steps.run("the leaky recipe under DP", lambda: _train_once(cfg, st.audit("dp-leaky")))
+    return steps.run("DIBA audit of the leaky recipe under DP", lambda: _mia(
+        st.audit("dp-leaky"), st.audit("dp-leaky-mia"), st.settings, cfg))
+
+
+def _private_steps(st: _Study, steps: Steps) -> tuple[dict[str, Any], ...]:
+    cfg = st.private
+    cert = steps.run("audited DP-GRPO run (members + canaries)",
+                     lambda: _train_once(cfg, st.audit("private")))
+    mia = steps.run("DIBA audit of the DP-GRPO run", lambda: _mia(
+        st.audit("private"), st.audit("private-mia"), st.settings, cfg))
+    canary = steps.run("canary audit (one-run lower bound)", lambda: _canary(
+        st.audit("private"), st.audit("canary"), st.settings))
+    return cert, mia, canary
+
+
+def _arm_steps(st: _Study, steps: Steps, name: str) -> None:
+    """Train and evaluate one run of the protocol (what :func:`run_protocol` would do)."""
+    from dpgrpo.protocol import check_existing, ensure_trained, eval_complete, evaluate
+    from dpgrpo.rundir import RunDir
+
+    spec = next(r for r in st.plan.runs if r.name == name)
+    check_existing(spec)
+    steps.run(f"{name}: train ({spec.config.train.steps} rounds)", lambda: ensure_trained(spec))
+    if not eval_complete(spec.eval_dir, st.plan.n_eval):
+        steps.run(f"{name}: evaluate", lambda: evaluate(
+            st.plan, spec.eval_dir, adapter=RunDir(spec.run_dir).release, arm=spec.arm,
+            seed=spec.seed))
+
+
+def _base_steps(st: _Study, steps: Steps) -> None:
+    from dpgrpo.protocol import BASE_ARM, eval_complete, evaluate
+
+    if not eval_complete(st.plan.base_dir, st.plan.n_eval):
+        steps.run("base: evaluate", lambda: evaluate(st.plan, st.plan.base_dir, adapter=None,
+                                                     arm=BASE_ARM, seed=None))
+
+
+def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
+    """The study's independent pieces of work, longest first (each resumable, each its own
+    record of steps); the final pass then finds them done."""
+    tasks: dict[str, Callable[[Steps], Any]] = {
+        "private": lambda steps: _private_steps(st, steps),
+        "leaky": lambda steps: _leaky_steps(st, steps)}
+    if st.settings.dp_leaky:
+        tasks["dp-leaky"] = lambda steps: _dp_leaky_steps(st, steps)
+    for spec in st.plan.runs:
+        tasks[spec.name] = functools.partial(lambda steps, name: _arm_steps(st, steps, name),
+                                             name=spec.name)
+    for eps in st.settings.sweep if sweep else ():
+        tasks[f"sweep-eps{eps:g}"] = functools.partial(
+            lambda steps, eps: _sweep_run(st.plan, eps, steps), eps=eps)
+    tasks["base"] = lambda steps: _base_steps(st, steps)
+    return tasks
+
+
+def _worker(config_path: str, out_dir: str, overrides: dict[str, Any], name: str, sweep: bool,
+            threads: int, verbose: bool) -> None:
+    """One task in a worker process (spawned: nothing but these public arguments crosses)."""
+    import sys
+
+    import torch
+
+    torch.set_num_threads(threads)
+    st = _Study.load(config_path, out_dir, overrides)
+    say = (lambda message: print(f"[{name}] {message}", file=sys.stderr, flush=True)) \
+        if verbose else (lambda message: None)
+    _tasks(st, sweep)[name](Steps(say, st.out / "steps" / f"{name}.json"))
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _run_tasks(st: _Study, overrides: dict[str, Any], sweep: bool, say: Say,
+               verbose: bool) -> None:
+    """Every task, in this process or (``study.workers`` > 1) in that many worker processes
+    at once, each with ``cores // workers`` torch threads."""
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    names = list(_tasks(st, sweep))
+    workers = min(st.settings.workers, len(names))
+    if workers == 1:
+        tasks = _tasks(st, sweep)
+        for name in names:
+            tasks[name](Steps(say, st.out / "steps" / f"{name}.json"))
+        return
+    threads = max(1, _cores() // workers)
+    say(f"{len(names)} tasks on {workers} workers, {threads} thread(s) each")
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_worker, str(st.config_path), str(st.out), overrides, name, sweep,
+                               threads, verbose) for name in names]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f for f in done if f.exception() is not None]
+        if failed:
+            say("a task failed: waiting for the running ones (every task is resumable)")
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise failed[0].exception()
+
+
 def run_study(config_path: str | Path, out_dir: str | Path, *,
               results_dir: str | Path = "docs/results", sweep: bool = False,
-              say: Say = lambda message: None) -> dict[str, Any]:
-    """Run (or resume) the whole study; write the results page; return the results dict."""
-    from dpgrpo.protocol import plan_protocol, protocol_settings, run_protocol
-    from dpgrpo.reports.study import write_results
+              say: Say = lambda message: None, verbose: bool = False,
+              workers: int | None = None, dp_leaky: bool | None = None) -> dict[str, Any]:
+    """Run (or resume) the whole study; write the results page; return the results dict.
 
-    config_path = Path(config_path)
-    data = read_toml(config_path)
-    settings = StudySettings.from_table(data.pop("study", {}))
-    table = data.pop("protocol", {})
-    config = config_from_dict(data, source=str(config_path))
-    out = Path(out_dir).resolve()
-    steps = Steps(say, out / "steps.json")
-    plan = plan_protocol(config, protocol_settings(table), out)
-    protocol = steps.run("protocol (base, non-private, dp-grpo, control; train + eval)",
-                         lambda: run_protocol(plan, progress=say))
-    report = json.loads((out / "compare" / "report.json").read_text())
-    leaky_cfg = apply_overrides(config, _overrides(settings.leaky))
-    steps.run("leaky non-private run", lambda: _train_once(leaky_cfg, out / "audit" / "leaky"))
-    leaky = steps.run("DIBA audit of the leaky run",
-                      lambda: _mia(out / "audit" / "leaky", out / "audit" / "leaky-mia",
-                                   settings, leaky_cfg))
-    dp_leaky = None
-    if settings.dp_leaky:
-        dp_leaky_cfg = private_twin(leaky_cfg)
-        steps.run("the leaky recipe under DP", lambda: _train_once(
-            dp_leaky_cfg, out / "audit" / "dp-leaky"))
-        dp_leaky = steps.run("DIBA audit of the leaky recipe under DP",
-                             lambda: _mia(out / "audit" / "dp-leaky",
-                                          out / "audit" / "dp-leaky-mia", settings, dp_leaky_cfg))
-    private_cfg = apply_overrides(config, _overrides(settings.private_audit))
-    dp_cert = steps.run("audited DP-GRPO run (members + canaries)",
-                        lambda: _train_once(private_cfg, out / "audit" / "private"))
-    private = steps.run("DIBA audit of the DP-GRPO run",
-                        lambda: _mia(out / "audit" / "private", out / "audit" / "private-mia",
-                                     settings, private_cfg))
-    canary = steps.run("canary audit (one-run lower bound)",
-                       lambda: _canary(out / "audit" / "private", out / "audit" / "canary",
-                                       settings))
-    sweeps = [_sweep(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
+    The work is split into independent tasks (:func:`_tasks`), run by ``study.workers``
+    processes; a final pass in this process then finds every step done and collects the
+    results. ``workers`` and ``dp_leaky`` override ``study.workers`` and ``study.dp_leaky``;
+    ``verbose`` lets worker processes print their progress to standard error.
+    """
+    from dpgrpo.protocol import run_protocol
+    from dpgrpo.reports.study import write_results
+    from dpgrpo.runlock import RunLock
+
+    overrides = {k: v for k, v in (("workers", workers), ("dp_leaky", dp_leaky)) if v is not None}
+    st = _Study.load(config_path, out_dir, overrides)
+    settings, plan, out = st.settings, st.plan, st.out
+    with RunLock(out / "steps", what="study folder"):
+        _run_tasks(st, overrides, sweep, say, verbose)
+        steps = Steps(say, out / "steps.json",
+                      others=sorted((out / "steps").glob("*.json")))
+        protocol = steps.run("comparison of the arms (report and figures)",
+                             lambda: run_protocol(plan, progress=say))
+        report = json.loads((out / "compare" / "report.json").read_text())
+        leaky = _leaky_steps(st, steps)
+        dp_leaky = _dp_leaky_steps(st, steps) if settings.dp_leaky else None
+        dp_cert, private, canary = _private_steps(st, steps)
+        sweeps = [_sweep(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
     dp_run = next(s for s in plan.runs if s.arm == "dp-grpo")
     cert = protocol.certificates[dp_run.name]
     results = {
         "config": str(config_path), "out_dir": str(out), "steps": steps.rows,
+        "workers": settings.workers,
         "plan": plan.to_dict(), "protocol_results": _jsonable(protocol.summaries),
         "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky, "private_mia": private,
         "canary": canary,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -94,3 +96,46 @@ def test_features_on_a_random_adapter(toy_policy, toy_task):
         assert r["score_gain"] == r["ft_score"] - r["base_score"]
         assert r["k3_divergence"] > 0.0                          # the adapter moved the policy
         assert r["likelihood_ratio"] != 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_completion_logprobs_share_each_prompt_and_equal_the_training_path(toy_policy, toy_task,
+                                                                         dtype):
+    """The audit scores a prompt's G completions on one pass over the prompt: the values are
+    the training objective's token log-probabilities (fine-tuned and base), prompts of several
+    lengths, completions that stop early, groups split across passes."""
+    from dpgrpo.audit.scoring import _completion_logprobs
+    from dpgrpo.objectives.logprobs import token_logprobs
+    from dpgrpo.rollout import make_engine
+
+    model, tok = toy_policy.model, toy_policy.tokenizer
+    model.to(dtype)
+    try:
+        problems = toy_problems("q", 5)
+        messages = [toy_task.prompt(p) + " x" * i for i, p in enumerate(problems)]   # lengths vary
+        batch = make_engine("transformers", model, tok).generate(
+            messages, group_size=3, temperature=1.0, max_new_tokens=7,
+            generator=torch.Generator().manual_seed(3))
+        # a random model seldom stops: end row r after 1 + r % 7 tokens, as an EOS would
+        start = int(batch.completion_mask.bool().any(0).long().argmax())
+        ids, attn, comp = (t.clone() for t in (batch.input_ids, batch.attention_mask,
+                                               batch.completion_mask))
+        for r in range(ids.shape[0]):
+            cut = start + 1 + r % 7
+            ids[r, cut:], attn[r, cut:], comp[r, cut:] = tok.pad_token_id, 0, 0
+        batch = dataclasses.replace(batch, input_ids=ids, attention_mask=attn,
+                                    completion_mask=comp)
+        assert attn[:, 0].min() == 0 and comp.sum(1).min() == 1 and comp.sum(1).max() == 7
+        for disable in (False, True):
+            with model.disable_adapter() if disable else torch.no_grad():
+                with torch.no_grad():
+                    ref = token_logprobs(model, batch.input_ids, batch.attention_mask,
+                                         mask=batch.completion_mask).double().numpy()
+                for rows in (3, 7, 64):                   # 1 group, 2 groups, all per pass
+                    got = _completion_logprobs(model, batch, rows)
+                    tol = 1e-5 if dtype == torch.float32 else 1e-10
+                    np.testing.assert_allclose(got, ref, atol=tol, rtol=0)
+                    scored = batch.completion_mask.bool().numpy()
+                    assert (got[~scored] == 0).all() and (got[scored] < 0).all()
+    finally:
+        model.to(torch.float32)

@@ -17,13 +17,20 @@ def study_cmd(
                                  help="Where cpu-study.md, cpu-study.json and figures go."),
     sweep: bool = typer.Option(False, "--sweep/--no-sweep",
                                help="Also train DP-GRPO at the epsilons of study.sweep."),
+    dp_leaky: Optional[bool] = typer.Option(None, "--dp-leaky/--no-dp-leaky",
+                                            help="Also audit the leaky recipe made private "
+                                                 "(default: study.dp_leaky)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+                                          help="Processes running independent tasks at once "
+                                               "(default: study.workers)."),
     quiet: Optional[bool] = typer.Option(False, "--quiet", help="No progress messages."),
 ) -> None:
     """Base, non-private GRPO, DP-GRPO and control; leaky and private audits; results page."""
     from dpgrpo.study import run_study
 
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
-    result = run_study(config, out, results_dir=results, sweep=sweep, say=say)
+    result = run_study(config, out, results_dir=results, sweep=sweep, say=say,
+                       verbose=not quiet, workers=workers, dp_leaky=dp_leaky)
     s = result["summary"]
     def ci(pair, digits: int = 1) -> str:
         return "[" + ", ".join(f"{x:.{digits}f}" for x in pair) + "]"

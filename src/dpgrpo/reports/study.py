@@ -81,8 +81,9 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
            if "audit_dp_leaky_auc" in s else "."),
         f"- Canary one-run lower bound **{s['canary_eps_lower_bound']:.3f}** beside the "
         f"certified epsilon {s['certified_eps']:.3f} of that run.",
-        f"- Wall time {s['wall_seconds'] / 60:.1f} min on 2 CPU cores; peak RSS "
-        f"{s['peak_rss_bytes'] / GB:.2f} GB.", "",
+        f"- Wall time {s['wall_seconds'] / 60:.1f} min on 2 CPU cores"
+        f"{_workers(results)}; peak RSS {s['peak_rss_bytes'] / GB:.2f} GB"
+        f"{' per process' if results.get('workers', 1) > 1 else ''}.", "",
         "## Accuracy", "", *_accuracy_rows(results["report"]), "",
         f"Shared by the private arms: n = {budget['n']}, m = q n = {budget['m']:g}, T = "
         f"{budget['T']}, sigma = {budget['sigma']:.4f}, delta = {budget['delta']:.3g}, "
@@ -119,6 +120,12 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
     if pictures:
         lines += ["", "## Figures", ""] + [f"![{p}]({p})" for p in pictures]
     return "\n".join(lines) + "\n"
+
+
+def _workers(results: Mapping[str, Any]) -> str:
+    n = results.get("workers", 1)
+    return "" if n == 1 else (f", {n} worker processes running independent steps at once (the "
+                              "steps' seconds overlap; the wall time is their union)")
 
 
 def _ceiling(mia: Mapping[str, Any]) -> str:
