@@ -97,6 +97,7 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert record["noise_to_signal"] == (cert["sigma"] * cert["trainable_coordinates"] ** 0.5
                                          / cert["expected_batch"])
     assert [s["epsilon"] for s in record["sweep"]] == [record["details"]["sweep"][0]["epsilon"]]
+    assert 0 < record["wall_seconds_without_sweep"] <= record["wall_seconds"]
     page = (results / "cpu-study.md").read_text()
     assert "## Contrasts" in page and "## Audits" in page and "## Steps" in page
     assert any(p.name.startswith("cpu-study-") and p.suffix == ".png" for p in results.iterdir())
@@ -191,3 +192,4 @@ def test_the_wall_time_counts_overlapping_steps_once(tmp_path: Path) -> None:
                   others=[tmp_path / "w1.json", tmp_path / "w2.json"])
     assert sorted(r["step"] for r in steps.rows) == ["a", "b", "c", "d"]
     assert steps.wall == 15.0 + 5.0 + 2.0
+    assert steps.wall_of(lambda name: name != "a") == 10.0 + 5.0 + 2.0

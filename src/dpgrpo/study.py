@@ -59,6 +59,7 @@ from dpgrpo.runtime import PeakRSS
 
 Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
+SWEEP_STEP = "sweep eps="          # the name of every sweep step starts so
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,13 @@ class Steps:
         """Seconds of study work: the length of the union of the steps' time spans, so steps
         run at once by several workers count once and a resumed study adds its steps' time;
         rows without a start time (older records) add their seconds."""
-        spans = sorted((r["start"], r["start"] + r["seconds"]) for r in self.rows if "start" in r)
-        total, end = sum(r["seconds"] for r in self.rows if "start" not in r), -math.inf
+        return self.wall_of(lambda name: True)
+
+    def wall_of(self, keep: Callable[[str], bool]) -> float:
+        """:attr:`wall` of the steps whose name ``keep`` accepts."""
+        rows = [r for r in self.rows if keep(r["step"])]
+        spans = sorted((r["start"], r["start"] + r["seconds"]) for r in rows if "start" in r)
+        total, end = sum(r["seconds"] for r in rows if "start" not in r), -math.inf
         for a, b in spans:
             total += max(0.0, b - max(a, end))
             end = max(end, b)
@@ -247,11 +253,11 @@ def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any
     cfg = apply_overrides(base.config, ["privacy.noise_multiplier=none", f"privacy.epsilon={eps}"])
     run_dir = plan.out_dir / "sweep" / f"dp-grpo-eps{eps:g}"
     try:
-        cert = steps.run(f"sweep eps={eps:g}: train", lambda: _train_once(cfg, run_dir))
+        cert = steps.run(f"{SWEEP_STEP}{eps:g}: train", lambda: _train_once(cfg, run_dir))
     except PrivacyError as err:  # e.g. the noise-tail gate: this epsilon cannot be certified
         return run_dir, str(err)
     if not eval_complete(run_dir / "eval", plan.n_eval):
-        steps.run(f"sweep eps={eps:g}: evaluate", lambda: evaluate(
+        steps.run(f"{SWEEP_STEP}{eps:g}: evaluate", lambda: evaluate(
             plan, run_dir / "eval", adapter=run_dir / "release", arm=f"dp-grpo-eps{eps:g}",
             seed=1))
     return run_dir, cert
@@ -290,13 +296,16 @@ class _Study:
     @classmethod
     def load(cls, config_path: str | Path, out_dir: str | Path,
              overrides: Mapping[str, Any] | None = None) -> "_Study":
-        """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings."""
+        """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings (and
+        ``seeds``, of ``[protocol]``)."""
         from dpgrpo.protocol import plan_protocol, protocol_settings
 
         config_path = Path(config_path).resolve()
         data = read_toml(config_path)
-        settings = StudySettings.from_table({**data.pop("study", {}), **(overrides or {})})
-        table = data.pop("protocol", {})
+        overrides = dict(overrides or {})
+        table = {**data.pop("protocol", {}), **({"seeds": overrides.pop("seeds")}
+                                                if "seeds" in overrides else {})}
+        settings = StudySettings.from_table({**data.pop("study", {}), **overrides})
         config = config_from_dict(data, source=str(config_path))
         out = Path(out_dir).resolve()
         return cls(config_path, out, settings, config,
@@ -427,19 +436,22 @@ def _run_tasks(st: _Study, overrides: dict[str, Any], sweep: bool, say: Say,
 def run_study(config_path: str | Path, out_dir: str | Path, *,
               results_dir: str | Path = "docs/results", sweep: bool = False,
               say: Say = lambda message: None, verbose: bool = False,
-              workers: int | None = None, dp_leaky: bool | None = None) -> dict[str, Any]:
+              workers: int | None = None, dp_leaky: bool | None = None,
+              seeds: int | None = None) -> dict[str, Any]:
     """Run (or resume) the whole study; write the results page; return the results dict.
 
     The work is split into independent tasks (:func:`_tasks`), run by ``study.workers``
     processes; a final pass in this process then finds every step done and collects the
-    results. ``workers`` and ``dp_leaky`` override ``study.workers`` and ``study.dp_leaky``;
+    results. ``workers``, ``dp_leaky`` and ``seeds`` override ``study.workers``,
+    ``study.dp_leaky`` and ``protocol.seeds``;
     ``verbose`` lets worker processes print their progress to standard error.
     """
     from dpgrpo.protocol import run_protocol
     from dpgrpo.reports.study import write_results
     from dpgrpo.runlock import RunLock
 
-    overrides = {k: v for k, v in (("workers", workers), ("dp_leaky", dp_leaky)) if v is not None}
+    overrides = {k: v for k, v in (("workers", workers), ("dp_leaky", dp_leaky),
+                                   ("seeds", seeds)) if v is not None}
     st = _Study.load(config_path, out_dir, overrides)
     settings, plan, out = st.settings, st.plan, st.out
     with RunLock(out / "steps", what="study folder"):
@@ -466,6 +478,8 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
                      for k, v in settings.__dict__.items()},
     }
     results["summary"] = summarize(results, steps.wall)
+    results["summary"]["wall_seconds_without_sweep"] = round(
+        steps.wall_of(lambda name: not name.startswith(SWEEP_STEP)), 1)
     write_results(results, Path(results_dir), figures=out / "compare", audits=out / "audit")
     return results
 

@@ -15,6 +15,7 @@ from dpgrpo.audit.scoring import (
     token_stats,
 )
 from dpgrpo.model import LoraSettings, load_adapter, load_policy
+from dpgrpo.rollout.transformers_engine import TransformersEngine
 from dpgrpo.tasks import get_task
 
 from audit_toy import register_toy_task, toy_problems
@@ -71,7 +72,15 @@ def test_zero_adapter_gives_zero_logit_features(zero_policy, toy_task):
     problems = toy_problems("p", 3)
     rows = diba_feature_rows(zero_policy.model, zero_policy.tokenizer, toy_task, problems,
                              settings=SETTINGS, generator=torch.Generator().manual_seed(0))
+    # the fine-tuned log-probs are recorded while decoding, the base's scored in one pass:
+    # the same numbers up to fp32 summation order
     for r in rows:
+        assert abs(r["likelihood_ratio"]) < 1e-5 and abs(r["k3_divergence"]) < 1e-10
+        assert abs(r["zlib_likelihood_ratio"]) < 1e-5
+    scored = diba_feature_rows(zero_policy.model, zero_policy.tokenizer, toy_task, problems,
+                               settings=SETTINGS, generator=torch.Generator().manual_seed(0),
+                               engine=TransformersEngine(zero_policy.model, zero_policy.tokenizer))
+    for r in scored:                               # both scored by the same pass: exactly zero
         assert r["likelihood_ratio"] == 0.0 and r["k3_divergence"] == 0.0
         assert r["zlib_likelihood_ratio"] == 0.0
     gold = gold_baseline_scores(zero_policy.model, zero_policy.tokenizer, toy_task, problems)
@@ -139,3 +148,41 @@ def test_completion_logprobs_share_each_prompt_and_equal_the_training_path(toy_p
                     assert (got[~scored] == 0).all() and (got[scored] < 0).all()
     finally:
         model.to(torch.float32)
+
+
+def test_recorded_logprobs_are_the_scored_ones(toy_policy, toy_task):
+    """The engine records the log-probs of what it samples (temperature 1, whatever the sampling
+    temperature, top-p or penalty); they equal scoring the samples afterwards, so DIBA's features
+    do not change when the fine-tuned samples are not scored again."""
+    from dpgrpo.objectives.logprobs import token_logprobs
+
+    model, tok = toy_policy.model, toy_policy.tokenizer
+    problems = toy_problems("r", 4)
+    messages = [toy_task.prompt(p) + " y" * i for i, p in enumerate(problems)]
+    model.to(torch.float64)
+    try:
+        for merge in (True, False):
+            engine = TransformersEngine(model, tok, record_logprobs=True, merge_adapter=merge)
+            batch = engine.generate(messages, group_size=3, temperature=0.5, max_new_tokens=6,
+                                    generator=torch.Generator().manual_seed(5), top_p=0.9,
+                                    repetition_penalty=1.05)
+            with torch.no_grad():
+                ref = token_logprobs(model, batch.input_ids, batch.attention_mask,
+                                     mask=batch.completion_mask).numpy()
+            np.testing.assert_allclose(batch.logprobs.numpy(), ref, atol=1e-10, rtol=0)
+            assert (batch.logprobs[batch.completion_mask == 0] == 0).all()
+        plain = TransformersEngine(model, tok).generate(messages, group_size=3, temperature=0.5,
+                                                        max_new_tokens=6,
+                                                        generator=torch.Generator().manual_seed(5))
+        assert plain.logprobs is None
+    finally:
+        model.to(torch.float32)
+    settings = SamplingSettings(n_samples=3, max_new_tokens=6)
+    recorded = diba_feature_rows(model, tok, toy_task, problems, settings=settings,
+                                 generator=torch.Generator().manual_seed(1))
+    scored = diba_feature_rows(model, tok, toy_task, problems, settings=settings,
+                               generator=torch.Generator().manual_seed(1),
+                               engine=TransformersEngine(model, tok))
+    for a, b in zip(recorded, scored):
+        assert a.keys() == b.keys()
+        np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a], atol=1e-4)

@@ -164,11 +164,13 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
 
     ``model`` is the fine-tuned :class:`peft.PeftModel`; the base is ``model.disable_adapter()``.
     ``task`` supplies ``prompt``, ``reward`` and ``default_max_new_tokens``. ``engine`` samples
-    (default: the transformers engine over ``model``).
+    (default: the transformers engine over ``model``, which records the fine-tuned log-probs of
+    what it samples as it decodes, so only the base has to score them; an engine that does not
+    record them has its samples scored under both).
     """
-    from dpgrpo.rollout import make_engine
+    from dpgrpo.rollout.transformers_engine import TransformersEngine
 
-    engine = engine or make_engine("transformers", model, tokenizer)
+    engine = engine or TransformersEngine(model, tokenizer, record_logprobs=True)
     n = settings.n_samples
     cap = settings.max_new_tokens or int(task.default_max_new_tokens)
     rows: list[dict[str, float]] = []
@@ -179,7 +181,8 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
                       repetition_penalty=settings.repetition_penalty)
         ft = engine.generate(messages, **kwargs)
         base = engine.generate(messages, use_adapter=False, **kwargs)
-        lp_ft = _completion_logprobs(model, ft, settings.score_batch_size)
+        lp_ft = ft.logprobs.numpy() if ft.logprobs is not None else \
+            _completion_logprobs(model, ft, settings.score_batch_size)       # recorded, or scored
         with model.disable_adapter():
             lp_base = _completion_logprobs(model, ft, settings.score_batch_size)
         mask = ft.completion_mask.bool().numpy()

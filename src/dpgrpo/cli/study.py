@@ -20,6 +20,9 @@ def study_cmd(
     dp_leaky: Optional[bool] = typer.Option(None, "--dp-leaky/--no-dp-leaky",
                                             help="Also audit the leaky recipe made private "
                                                  "(default: study.dp_leaky)."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", min=1,
+                                        help="Seeds of each private arm (default: "
+                                             "protocol.seeds)."),
     workers: Optional[int] = typer.Option(None, "--workers", min=1,
                                           help="Processes running independent tasks at once "
                                                "(default: study.workers)."),
@@ -30,7 +33,8 @@ def study_cmd(
 
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
     result = run_study(config, out, results_dir=results, sweep=sweep, say=say,
-                       verbose=not quiet, workers=workers, dp_leaky=dp_leaky)
+                       verbose=not quiet, workers=workers, dp_leaky=dp_leaky,
+                       seeds=seeds)
     s = result["summary"]
     def ci(pair, digits: int = 1) -> str:
         return "[" + ", ".join(f"{x:.{digits}f}" for x in pair) + "]"

@@ -25,6 +25,9 @@ class RolloutBatch:
     hit_cap: torch.Tensor              # (B*G,) bool: no EOS within max_new_tokens
     group_size: int
     num_prompts: int
+    #: (B*G, L) log-probabilities of the completion tokens under the sampling policy's own
+    #: distribution (temperature 1), zero elsewhere; only from an engine asked to record them
+    logprobs: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -74,9 +77,11 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int
 
 def assemble(tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
              generated: torch.Tensor, stop: list[int], pad_id: int, group_size: int,
-             num_prompts: int, max_new_tokens: int) -> RolloutBatch:
+             num_prompts: int, max_new_tokens: int,
+             logprobs: torch.Tensor | None = None) -> RolloutBatch:
     """Build the batch from left-padded prompt rows ``(N, P)`` and generated tokens ``(N, T)``
-    (anything after a row's first stop token is ignored)."""
+    (anything after a row's first stop token is ignored), with their log-probabilities
+    ``(N, T)`` when given."""
     n_rows, width = generated.shape
     is_stop = torch.isin(generated, torch.tensor(stop))                           # (N, T)
     has_stop = is_stop.any(dim=1)                                                  # (N,)
@@ -94,9 +99,13 @@ def assemble(tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
     decoded = tokenizer.batch_decode([ids[:n].tolist() for ids, n in zip(comp_ids, lengths)],
                                      skip_special_tokens=True)
     texts = [decoded[i * group_size:(i + 1) * group_size] for i in range(num_prompts)]
+    if logprobs is not None:
+        logprobs = torch.cat([torch.zeros(prompt_mask.shape, dtype=logprobs.dtype),
+                              torch.where(comp_mask.bool(), logprobs[:, :keep].cpu(), 0.0)], dim=1)
     return RolloutBatch(texts=texts, input_ids=input_ids, attention_mask=attention_mask,
                         completion_mask=completion_mask, completion_lengths=lengths,
-                        hit_cap=~has_stop, group_size=group_size, num_prompts=num_prompts)
+                        hit_cap=~has_stop, group_size=group_size, num_prompts=num_prompts,
+                        logprobs=logprobs)
 
 
 __all__ = ["RolloutBatch", "assemble", "chat_prompt_ids", "empty_batch", "left_pad", "stop_ids"]

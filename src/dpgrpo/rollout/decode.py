@@ -160,9 +160,13 @@ def _decoding_kernels(device: torch.device) -> Any:
 def decode(model: Any, prompts: list[list[int]], row_prompt: list[int],
            coins: torch.Tensor | None, *, sampler: SamplerSettings, max_new_tokens: int,
            stop: list[int], pad_id: int, check_every: int | None = None,
-           static: bool | None = None) -> torch.Tensor:
+           static: bool | None = None,
+           logprobs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``(R, max_new_tokens)`` generated tokens of ``R = len(row_prompt)`` rows (row ``r``
     continues ``prompts[row_prompt[r]]``); after a row's first stop token, ``pad_id``.
+    With ``logprobs``, also ``(R, max_new_tokens)`` log-probabilities of those tokens under the
+    model's own distribution (log-softmax of the logits: temperature 1, no top-p, no repetition
+    penalty), at least fp32; entries after a row's stop token are meaningless.
 
     ``coins`` is ``(R, max_new_tokens)`` (None when greedy). ``check_every``: steps between
     reads of the live-row count (default 1 on the CPU, :data:`CHECK_EVERY` elsewhere).
@@ -179,8 +183,10 @@ def decode(model: Any, prompts: list[list[int]], row_prompt: list[int],
         cache, logits, state = _prefill(model, device, prompts, row_prompt, pad_id,
                                         max_new_tokens, static)
         run = _decode_static if static and _all_static(cache) else _decode_dynamic
-        return run(model, device, cache, logits, state, prompts, row_prompt, coins, sampler,
-                   max_new_tokens, stop, pad_id, max(1, int(check_every)))
+        loop = _Loop(prompts, row_prompt, logits.shape[-1], coins, sampler, max_new_tokens, stop,
+                     pad_id, device, logprobs)
+        run(model, device, cache, logits, state, loop, max_new_tokens, max(1, int(check_every)))
+    return (loop.generated, loop.logp) if logprobs else loop.generated
 
 
 def _all_static(cache: Any) -> bool:
@@ -230,13 +236,16 @@ class _Loop:
 
     def __init__(self, prompts: list[list[int]], row_prompt: list[int], vocab: int,
                  coins: torch.Tensor | None, sampler: SamplerSettings, max_new_tokens: int,
-                 stop: list[int], pad_id: int, device: torch.device) -> None:
+                 stop: list[int], pad_id: int, device: torch.device,
+                 logprobs: bool = False) -> None:
         self.sampler, self.pad_id = sampler, pad_id
         self.seen = _seen(prompts, row_prompt, vocab, sampler, device)
         self.coins = coins.to(device) if coins is not None else None
         self.stop = torch.tensor(stop, device=device)
         self.generated = torch.full((len(row_prompt), max_new_tokens), pad_id, dtype=torch.long,
                                     device=device)
+        self.logprobs = logprobs
+        self.logp: torch.Tensor | None = None      # (R, T), allocated at the first step
 
     def sample(self, logits: torch.Tensor, rows: torch.Tensor, step: int, live: torch.Tensor,
                seen: torch.Tensor | None) -> torch.Tensor:
@@ -245,6 +254,11 @@ class _Loop:
         coins = None if self.coins is None else self.coins[rows, step]
         tok = torch.where(live, next_tokens(logits, coins, self.sampler, seen), self.pad_id)
         self.generated[rows, step] = tok
+        if self.logprobs:
+            z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            if self.logp is None:
+                self.logp = torch.zeros(self.generated.shape, dtype=z.dtype, device=z.device)
+            self.logp[rows, step] = z.log_softmax(-1).gather(-1, tok[:, None]).squeeze(1)
         live &= ~torch.isin(tok, self.stop)
         if seen is not None:
             seen[torch.arange(len(rows), device=tok.device), tok] = True
@@ -252,9 +266,7 @@ class _Loop:
 
 
 def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
-                    state: Any, prompts: list[list[int]], row_prompt: list[int],
-                    coins: torch.Tensor | None, sampler: SamplerSettings, max_new_tokens: int,
-                    stop: list[int], pad_id: int, check_every: int) -> torch.Tensor:
+                    state: Any, loop: _Loop, max_new_tokens: int, check_every: int) -> None:
     """Growing views of the cache; finished rows dropped (see the module docstring)."""
     prompt_mask, pos = state
     n_rows, width = prompt_mask.shape
@@ -266,8 +278,6 @@ def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.
         dtype = _model_dtype(model)
         attn = torch.zeros((n_rows, 1, 1, width + max_new_tokens), dtype=dtype, device=device)
         attn[:, 0, 0, :width].masked_fill_(prompt_mask == 0, torch.finfo(dtype).min)
-    loop = _Loop(prompts, row_prompt, logits.shape[-1], coins, sampler, max_new_tokens, stop,
-                 pad_id, device)
     seen = loop.seen
     for step in range(max_new_tokens):
         tok = loop.sample(logits, rows, step, live, seen)
@@ -286,13 +296,10 @@ def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.
                        attention_mask=attn[..., :width + step + 1] if attn is not None else None,
                        use_cache=True, **{key: cache}).logits[:, -1]
         pos = pos + 1
-    return loop.generated
 
 
 def _decode_static(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
-                   state: Any, prompts: list[list[int]], row_prompt: list[int],
-                   coins: torch.Tensor | None, sampler: SamplerSettings, max_new_tokens: int,
-                   stop: list[int], pad_id: int, check_every: int) -> torch.Tensor:
+                   state: Any, loop: _Loop, max_new_tokens: int, check_every: int) -> None:
     """Constant shapes, every row to the end of the call (:mod:`dpgrpo.rollout.graphs`)."""
     prompt_mask, pos = state
     n_rows, width = prompt_mask.shape
@@ -305,8 +312,6 @@ def _decode_static(model: Any, device: torch.device, cache: Any, logits: torch.T
     step_fn = StaticStep(forward, cache.layers, prompt_mask, pos, width + max_new_tokens,
                          _model_dtype(model))
     advance = capture(step_fn) if device.type == "cuda" and max_new_tokens > 1 else step_fn
-    loop = _Loop(prompts, row_prompt, logits.shape[-1], coins, sampler, max_new_tokens, stop,
-                 pad_id, device)
     rows = torch.arange(n_rows, device=device)
     live = torch.ones(n_rows, dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
@@ -317,7 +322,6 @@ def _decode_static(model: Any, device: torch.device, cache: Any, logits: torch.T
             break
         step_fn.tokens.copy_(tok[:, None])
         logits = advance()
-    return loop.generated
 
 
 __all__ = ["CHECK_EVERY", "COMPACT", "STATIC_ON_CUDA", "StaticLayer", "cache_keyword", "decode",

@@ -101,12 +101,13 @@ class TransformersEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, isolated: bool = False,
                  rows_per_call: int | None = None, cuda_graphs: bool = True,
-                 merge_adapter: bool | None = None) -> None:
+                 merge_adapter: bool | None = None, record_logprobs: bool = False) -> None:
         check_request(1, 1, rows_per_call)
         self.model, self.tokenizer = model, tokenizer
         self.isolated, self.rows_per_call = isolated, rows_per_call
         self.cuda_graphs = cuda_graphs       # constant-shape steps replayed as a graph (CUDA)
         self.merge_adapter = merge_adapter   # None: on the CPU only (see merged_adapter)
+        self.record_logprobs = record_logprobs   # RolloutBatch.logprobs (the audit's scores)
 
     @property
     def isolation(self) -> str:
@@ -127,6 +128,8 @@ class TransformersEngine:
         stop, pad_id = stop_ids(self.model, self.tokenizer), int(self.tokenizer.pad_token_id)
         n_rows = len(prompts) * group_size
         generated = torch.full((n_rows, max_new_tokens), pad_id, dtype=torch.long)  # (N, T)
+        logp = torch.zeros((n_rows, max_new_tokens), dtype=torch.float64) \
+            if self.record_logprobs else None
         calls = plan_calls([len(p) for p in prompts], group_size, self.rows_per_call,
                            self.isolated)
         device = next(self.model.parameters()).device
@@ -136,16 +139,20 @@ class TransformersEngine:
             for rows in calls:
                 owners = sorted({r // group_size for r in rows})
                 local = {p: i for i, p in enumerate(owners)}
-                generated[rows] = decode(
+                out = decode(
                     self.model, [prompts[p] for p in owners],
                     [local[r // group_size] for r in rows],
                     None if coins is None else coins[rows], sampler=sampler,
                     max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
-                    static=self.cuda_graphs and device.type == "cuda").cpu()
+                    static=self.cuda_graphs and device.type == "cuda",
+                    logprobs=self.record_logprobs)
+                if logp is not None:
+                    out, logp[rows] = out[0], out[1].double().cpu()
+                generated[rows] = out.cpu()
         prompt_ids, prompt_mask = left_pad(prompts, pad_id)
         return assemble(self.tokenizer, prompt_ids.repeat_interleave(group_size, 0),
                         prompt_mask.repeat_interleave(group_size, 0), generated, stop, pad_id,
-                        group_size, len(prompts), max_new_tokens)
+                        group_size, len(prompts), max_new_tokens, logp)
 
 
 __all__ = ["BATCHED", "ISOLATED", "TransformersEngine", "isolation_text", "merged_adapter"]
