@@ -162,7 +162,7 @@ class Steps:
         for a, b in spans:
             total += max(0.0, b - max(a, end))
             end = max(end, b)
-        return total
+        return round(total, 1)            # the rows hold tenths of a second
 
 
 def _overrides(table: Mapping[str, Any]) -> list[str]:
