@@ -469,6 +469,10 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     cert = protocol.certificates[dp_run.name]
     results = {
         "config": str(config_path), "out_dir": str(out), "steps": steps.rows,
+        "command": " ".join(["dpgrpo study", str(config_path), *(["--sweep"] if sweep else []),
+                             *(f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else
+                               f"--{'' if v else 'no-'}{k.replace('_', '-')}"
+                               for k, v in overrides.items())]),
         "workers": settings.workers,
         "plan": plan.to_dict(), "protocol_results": _jsonable(protocol.summaries),
         "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky, "private_mia": private,
