@@ -33,6 +33,9 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tiny_model_dir, tmp_path):
 
     def child():
         sys.stderr = open(log, "w", buffering=1)  # noqa: SIM115 - the child exits right after
+        # a shell starts background jobs with SIGINT ignored, and Python then never raises
+        # KeyboardInterrupt: give the child the handler a terminal's Ctrl-C would meet
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         main(tiny_args(tiny_model_dir, run_dir, "--steps", "500"))
 
     pid = os.fork()
