@@ -379,11 +379,9 @@ def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     if st.settings.dp_leaky:
         tasks["dp-leaky"] = lambda steps: _dp_leaky_steps(st, steps)
     for spec in st.plan.runs:
-        tasks[spec.name] = functools.partial(lambda steps, name: _arm_steps(st, steps, name),
-                                             name=spec.name)
+        tasks[spec.name] = functools.partial(_arm_steps, st, name=spec.name)
     for eps in st.settings.sweep if sweep else ():
-        tasks[f"sweep-eps{eps:g}"] = functools.partial(
-            lambda steps, eps: _sweep_run(st.plan, eps, steps), eps=eps)
+        tasks[f"sweep-eps{eps:g}"] = functools.partial(_sweep_run, st.plan, eps)
     tasks["base"] = lambda steps: _base_steps(st, steps)
     return tasks
 
