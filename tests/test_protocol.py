@@ -108,6 +108,7 @@ def test_settings_tables_recipes_and_refusals(tmp_path):
     for table, message in (({"sedes": 2}, "unknown protocol key 'sedes'"),
                            ({"arms": ["dp-grpo", "base"]}, "unknown protocol arm 'base'"),
                            ({"seeds": 0}, "seeds must be >= 1"),
+                           ({"non_private_seeds": 0}, "non_private_seeds must be >= 1"),
                            ({"recipes": {"gold-sft": {"privacy": {"expected_batch": 8}}}},
                             "sets 'privacy.expected_batch'"),
                            ({"recipes": {"gold-sft": {"train": {"steps": 8}}}}, "'train.steps'")):
@@ -120,6 +121,17 @@ def test_settings_tables_recipes_and_refusals(tmp_path):
     assert (seeded.train.arm, seeded.train.learning_rate) == ("zero-advantage", 1e-4)
     unseeded = arm_config(embedded_default(), "non-private", 1, 0.7)
     assert unseeded.privacy.seed is None and unseeded.privacy.noise_multiplier is None
+
+    # the non-private arm runs non_private_seeds times (default once), the private arms seeds
+    plain = embedded_default()
+    runs = plan_protocol(plain, protocol_settings({"non_private": True, "seeds": 2,
+                                                   "arms": ["dp-grpo"]}), tmp_path / "p").runs
+    assert [r.name for r in runs] == ["dp-grpo-seed1", "dp-grpo-seed2", "non-private-seed1"]
+    runs = plan_protocol(plain, protocol_settings({"non_private": True, "seeds": 1,
+                                                   "arms": ["dp-grpo"]}, non_private_seeds=3),
+                         tmp_path / "p").runs
+    assert [r.name for r in runs] == ["dp-grpo-seed1", *(f"non-private-seed{k}" for k in (1, 2, 3))]
+    assert all(r.config.privacy.noise_multiplier is None for r in runs[1:])
 
     bad = tmp_path / "bad.toml"
     bad.write_text("[protocol]\nseeds = 2\n[nonsense]\nx = 1\n")

@@ -1,8 +1,8 @@
 """The fixed protocol of Section VII-C on one benchmark: train every arm, evaluate, compare.
 
 Arms: the public base (evaluated once), DP-GRPO, the zero-advantage control, filtered and gold
-DP-SFT; optionally the ladder (``shuffled-reward``, ``positive-only``) and one ``non-private``
-run (seed 1, as in Sec. VIII-E). Each private arm runs once per seed k = 1..K, all sharing n,
+DP-SFT; optionally the ladder (``shuffled-reward``, ``positive-only``) and ``non-private``
+GRPO (``non_private_seeds`` runs, default one, as in Sec. VIII-E). Each private arm runs once per seed k = 1..K, all sharing n,
 q = m/n, sigma and T, hence epsilon (Corollary 2): sigma is resolved once (given, or calibrated
 from ``privacy.epsilon``) and pinned as ``privacy.noise_multiplier`` in every private run.
 
@@ -18,7 +18,9 @@ defaults; per-arm recipes default to the paper's supervised ones (Appendix C-B: 
 ``steps``) and ``privacy.clip_norm`` only, so that the arms keep one budget::
 
     [protocol]                      # every key optional
-    seeds = 2
+    seeds = 2                       # runs of each private arm
+    non_private = true              # add non-private GRPO ...
+    non_private_seeds = 1           # ... with this many runs (the paper: one)
     arms = ["dp-grpo", "zero-advantage", "filtered-sft", "gold-sft"]   # ladder = true: + 2 arms
     eval_limit = 200                # first N problems of the eval split (default: all)
     [protocol.recipes.gold-sft]
@@ -72,6 +74,7 @@ class ProtocolSettings:
     arms: tuple[str, ...] = PRIMARY_ARMS
     ladder: bool = False
     non_private: bool = False
+    non_private_seeds: int = 1  # runs of the non-private arm (the paper: one)
     eval_limit: int | None = None
     eval_split: str = "eval"
     eval_batch_size: int = 8
@@ -82,8 +85,9 @@ class ProtocolSettings:
     recipes: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: DEFAULT_RECIPES)
 
     def __post_init__(self) -> None:
-        if self.seeds < 1:
-            raise ConfigError(f"protocol.seeds must be >= 1, got {self.seeds}")
+        for name in ("seeds", "non_private_seeds"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"protocol.{name} must be >= 1, got {getattr(self, name)}")
         unknown = [a for a in (*self.arms, *self.recipes) if a not in ARMS]
         if unknown:
             raise ConfigError(f"unknown protocol arm {unknown[0]!r} (known: {', '.join(ARMS)}; "
@@ -229,8 +233,8 @@ def plan_protocol(config: RunConfig, settings: ProtocolSettings, out_dir: str | 
     budget = resolve_budget(private, config.data.task)
     runs = []
     for arm in settings.all_arms():
-        seeds = range(1, settings.seeds + 1) if arm_spec(arm).private else (1,)
-        for k in seeds:
+        count = settings.seeds if arm_spec(arm).private else settings.non_private_seeds
+        for k in range(1, count + 1):
             cfg = arm_config(config, arm, k, budget.sigma, settings.recipe(arm))
             runs.append(RunSpec(arm, k, out_dir / "runs" / f"{arm}-seed{k}", cfg))
     return ProtocolPlan(out_dir, config, settings, budget, n_eval, tuple(runs))
@@ -318,6 +322,25 @@ def evaluate(plan: ProtocolPlan, out_dir: Path, *, adapter: Path | None, arm: st
         source=cfg.data.source))
 
 
+Step = Callable[[str, Callable[[], Any]], Any]
+
+
+def run_one(plan: ProtocolPlan, spec: RunSpec, *, step: Step | None = None
+            ) -> tuple[str, dict[str, Any]]:
+    """Train (or resume, or leave) one run of the plan and evaluate it: its status
+    ("trained", "resumed" or "complete") and eval summary. A run whose release and evaluation
+    are both complete is read, not touched. ``step(name, fn)`` runs each phase (``dpgrpo
+    study`` times them); by default it just calls ``fn``."""
+    step = step or (lambda name, fn: fn())
+    rounds = spec.config.train.steps
+    if release_complete(spec.run_dir, rounds) and eval_complete(spec.eval_dir, plan.n_eval):
+        return "complete", read_json_or_none(spec.eval_dir / "summary.json")
+    status = step(f"{spec.name}: train ({rounds} rounds)", lambda: ensure_trained(spec))
+    summary = step(f"{spec.name}: evaluate", lambda: evaluate(
+        plan, spec.eval_dir, adapter=RunDir(spec.run_dir).release, arm=spec.arm, seed=spec.seed))
+    return status, summary
+
+
 def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
     """The largest epsilon of the private runs, after checking that they share n, q, sigma, T
     and delta (PrivacyError otherwise). A resumed run that replayed rounds is charged for them
@@ -356,19 +379,14 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
     say(f"base: evaluating {plan.n_eval} problems")
     summaries = {BASE_ARM: evaluate(plan, plan.base_dir, adapter=None, arm=BASE_ARM, seed=None)}
     status, certificates = {}, {}
+    def step(name: str, fn: Callable[[], Any]) -> Any:
+        say(f"{name} ...")
+        return fn()
+
     for spec in plan.runs:
-        steps = spec.config.train.steps
-        if (release_complete(spec.run_dir, steps) and eval_complete(spec.eval_dir, plan.n_eval)):
-            status[spec.name] = "complete"
+        status[spec.name], summaries[spec.name] = run_one(plan, spec, step=step)
+        if status[spec.name] == "complete":
             say(f"{spec.name}: complete, skipped")
-            summaries[spec.name] = read_json_or_none(spec.eval_dir / "summary.json")
-        else:
-            say(f"{spec.name}: training ({steps} rounds)")
-            status[spec.name] = ensure_trained(spec)
-            say(f"{spec.name}: {status[spec.name]}; evaluating {plan.n_eval} problems")
-            summaries[spec.name] = evaluate(plan, spec.eval_dir,
-                                            adapter=RunDir(spec.run_dir).release,
-                                            arm=spec.arm, seed=spec.seed)
         certificates[spec.name] = RunDir(spec.run_dir).certificate()
     epsilon = check_shared_budget(certificates)
     say("comparing every arm with the base")
@@ -394,4 +412,4 @@ __all__ = ["BASE_ARM", "DEFAULT_RECIPES", "LADDER_ARMS", "NON_PRIVATE_ARM", "PRI
            "ProtocolPlan", "ProtocolResult", "ProtocolSettings", "RunSpec", "arm_config",
            "check_existing", "check_run_dir", "check_shared_budget", "ensure_trained",
            "eval_complete", "evaluate", "plan_protocol", "protocol_settings", "release_complete",
-           "run_protocol"]
+           "run_one", "run_protocol"]

@@ -28,7 +28,10 @@ def protocol_cmd(
     ladder: Optional[bool] = typer.Option(None, "--ladder/--no-ladder",
                                           help="Add shuffled-reward and positive-only."),
     non_private: Optional[bool] = typer.Option(None, "--non-private/--no-non-private",
-                                               help="Add one non-private GRPO run (seed 1)."),
+                                               help="Add non-private GRPO (one run unless "
+                                                    "--non-private-seeds)."),
+    non_private_seeds: Optional[int] = typer.Option(
+        None, "--non-private-seeds", min=1, help="Runs of the non-private arm (default 1)."),
     eval_limit: Optional[int] = typer.Option(None, "--eval-limit",
                                              help="Evaluate the first N problems only."),
     eval_batch_size: Optional[int] = typer.Option(None, "--eval-batch-size",
@@ -54,6 +57,7 @@ def protocol_cmd(
     arm_list = [a.strip() for value in arms or [] for a in value.split(",") if a.strip()]
     settings = protocol_settings(
         table, seeds=seeds, arms=arm_list or None, ladder=ladder, non_private=non_private,
+        non_private_seeds=non_private_seeds,
         eval_limit=eval_limit, eval_batch_size=eval_batch_size, draws=draws,
         sign_draws=sign_draws, figures=figures)
     plan = plan_protocol(cfg, settings, out or Path("runs") / f"protocol-{cfg.data.task}")
