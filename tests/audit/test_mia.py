@@ -11,6 +11,7 @@ from dpgrpo.audit.mia import (
     evaluate_diba,
     hardness_split,
     make_stacking_classifier,
+    permutation_test,
 )
 
 
@@ -105,3 +106,31 @@ def test_a_subset_with_two_of_one_class_gets_a_note_not_a_crash():
     sel = np.r_[0:12, 20:22]
     with pytest.raises(ValueError, match="training fold with 1 candidate"):
         cross_validate_attack(x[sel], y[sel], n_folds=2, n_estimators=5)
+
+
+def test_permutation_test_finds_signal_and_calibrates_noise():
+    """Leakage: the observed AUC tops every shuffle (p = 1 / (1 + draws)). No signal: the
+    shuffles' AUCs sit around the observed one, and their mean is what the fitted attack
+    scores by chance, not 0.5."""
+    x, y = _synthetic(16, shift=3.0, seed=0)
+    test = permutation_test(x, y, permutations=19, seed=0, n_folds=4, n_estimators=10)
+    observed = cross_validate_attack(x, y, n_folds=4, seed=0, n_estimators=10).pooled.auc
+    assert test.observed == observed > 0.9
+    assert test.p_value == pytest.approx(1 / 20) and test.observed > test.null_band[1]
+    assert test.null.shape == (19,) and 0.2 < test.null.mean() < 0.7
+    d = test.to_dict()
+    assert (d["permutations"], d["p_value"], len(d["null"])) == (19, test.p_value, 19)
+
+    x, y = _synthetic(16, shift=0.0, seed=4)
+    noise = permutation_test(x, y, permutations=19, seed=0, n_folds=4, n_estimators=10)
+    assert noise.p_value > 0.1
+    assert noise.null.min() <= noise.observed <= noise.null.max()
+
+
+def test_evaluate_diba_adds_the_permutation_test_on_request():
+    x, y = _synthetic(12, shift=3.0, seed=5)
+    plain = evaluate_diba(x, y, DIBA_FEATURES, n_folds=3, n_estimators=5)
+    assert plain.permutation is None and "permutation" not in plain.to_dict()
+    tested = evaluate_diba(x, y, DIBA_FEATURES, n_folds=3, n_estimators=5, permutations=4)
+    assert tested.permutation.observed == plain.unified.pooled.auc
+    assert tested.to_dict()["permutation"]["permutations"] == 4

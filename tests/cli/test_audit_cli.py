@@ -39,12 +39,16 @@ def test_audit_commands_end_to_end(app, tiny_model_dir, tmp_path):
     small = ["--samples", "2", "--max-new-tokens", "3"]
     res = CliRunner().invoke(app, ["audit", "mia", "--run", str(run), "--members", str(mem),
                                    "--nonmembers", str(non), "--out", str(tmp_path / "mia"),
-                                   "--folds", "2", "--trees", "5", *small])
+                                   "--folds", "2", "--trees", "5", "--permutations", "3",
+                                   *small])
     assert res.exit_code == 0, res.output
-    assert "DIBA: AUC" in res.output
+    assert "DIBA: AUC" in res.output and "Permutation test (3 label shuffles" in res.output
     summary = json.loads((tmp_path / "mia" / "summary.json").read_text())
     assert summary["diba"]["n_folds"] == 2 and summary["diba"]["n_estimators"] == 5
-    assert (tmp_path / "mia" / "report.md").exists()
+    test = summary["permutation"]
+    assert test["permutations"] == 3 and test["observed"] == summary["diba"]["pooled"]["auc"]
+    assert test["p_value"] in (0.25, 0.5, 0.75, 1.0)
+    assert "one-sided p" in (tmp_path / "mia" / "report.md").read_text()
 
     res = CliRunner().invoke(app, ["audit", "canary", "--run", str(run), "--out",
                                    str(tmp_path / "canary"), "--k-plus", "2", "--k-minus", "2",

@@ -172,11 +172,12 @@ class MIAOutcome:
 def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
             task: str | None = None, data_dir: str | Path | None = None,
             settings: SamplingSettings = SamplingSettings(), seed: int = 0, n_folds: int = 5,
-            n_estimators: int = 100, baselines: bool = True, dtype: str = "float32",
-            device: str = "cpu") -> MIAOutcome:
+            n_estimators: int = 100, baselines: bool = True, permutations: int = 0,
+            dtype: str = "float32", device: str = "cpu") -> MIAOutcome:
     """DIBA on a released run: features for every candidate, stacking classifier, baselines.
 
-    ``seed`` seeds the response sampler and the classifier's cross-validation and is recorded.
+    ``seed`` seeds the response sampler and the classifier's cross-validation and is recorded;
+    ``permutations`` > 0 adds the permutation test (:func:`dpgrpo.audit.mia.permutation_test`).
     """
     run = read_run(run_dir)
     mem = read_candidates(members, data_dir=data_dir)
@@ -201,7 +202,7 @@ def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
             policy.model, policy.tokenizer, t, ps, batch_size=settings.score_batch_size)))
         base = {k: np.array([r[k] for r in per]) for k in per[0]}
     result = evaluate_diba(x, labels, DIBA_FEATURES, baselines=base, n_folds=n_folds, seed=seed,
-                           n_estimators=n_estimators)
+                           n_estimators=n_estimators, permutations=permutations)
     subsets = hardness_split(x[:, 0], x[:, 1])
     return MIAOutcome(run, result, ids, labels, x, subsets, base, settings, seed)
 

@@ -124,6 +124,8 @@ def mia_markdown(o: MIAOutcome) -> str:
         _metric_row("DIBA (stacking)", r.unified.mean, str(o.labels.size)),
     ]
     lines += [_metric_row(f.name, f.metrics, note=f.note) for f in r.features]
+    if r.permutation is not None:
+        lines += ["", permutation_sentence(r.permutation.to_dict())]
     lines += ["", "## Hardness split (Table 3)", "", _HEADER]
     lines += [_metric_row(h.name, None if h.result is None else h.result.mean,
                           str(h.n_members + h.n_nonmembers), h.note) for h in r.hardness]
@@ -132,6 +134,15 @@ def mia_markdown(o: MIAOutcome) -> str:
         lines += [_metric_row(b.name, b.metrics, note=b.note) for b in r.baselines]
     lines += ["", "ROC (log scale, pooled out-of-fold scores): `roc.png`.", ""]
     return "\n".join(lines)
+
+
+def permutation_sentence(test: Mapping) -> str:
+    """One sentence on a permutation test's dictionary (:class:`dpgrpo.audit.mia.PermutationTest`)."""
+    low, high = test["null_band"]
+    return (f"Permutation test ({test['permutations']} label shuffles, the whole CV refitted on "
+            f"each): pooled out-of-fold AUC {test['observed']:.3f} against a null with mean "
+            f"{test['null_mean']:.3f} and central 95% [{low:.3f}, {high:.3f}]; one-sided p = "
+            f"{test['p_value']:.3g} (small p: the attack sees membership).")
 
 
 def write_mia_report(out: str | Path, o: MIAOutcome) -> dict[str, Path]:
