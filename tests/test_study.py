@@ -44,6 +44,7 @@ audit_folds = 2
 sweep = [64.0]
 dp_leaky = true
 workers = 2
+audit_permutations = 3
 [study.leaky]
 "train.arm" = "non-private-gold-sft"
 "privacy.noise_multiplier" = "none"
@@ -111,6 +112,14 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert {p.stem for p in (out / "steps").glob("*.json")} >= {"private", "leaky", "dp-leaky",
                                                                  "base", "non-private-seed1"}
     assert "2 worker processes" in page
+    # each DIBA audit's permutation test, in its own task once the audit saved its features
+    for key in ("audit_leaky_auc", "audit_dp_auc", "audit_dp_leaky_auc"):
+        assert 1 / 4 <= record[f"{key}_p"] <= 1 and len(record[f"{key}_null"]) == 2, key
+    assert {"permutation test of the leaky audit", "permutation test of the DP-GRPO audit"} \
+        <= set(steps)
+    summary = json.loads((out / "audit" / "leaky-mia" / "summary.json").read_text())
+    assert summary["permutation"]["permutations"] == 3 and "permutation p =" in page
+    assert "## Permutation test" in (out / "audit" / "leaky-mia" / "report.md").read_text()
     # a rerun finds everything done: the same results, no new training
     journal = out / "audit" / "leaky" / "recovery" / "journal.jsonl"
     before = journal.read_text()
@@ -193,3 +202,17 @@ def test_the_wall_time_counts_overlapping_steps_once(tmp_path: Path) -> None:
     assert sorted(r["step"] for r in steps.rows) == ["a", "b", "c", "d"]
     assert steps.wall == 15.0 + 5.0 + 2.0
     assert steps.wall_of(lambda name: name != "a") == 10.0 + 5.0 + 2.0
+
+
+def test_seeds_sets_the_runs_of_every_trained_arm(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`--seeds N` gives N runs of the private arms and of non-private GRPO (whose one run can
+    take off or not: the study's non-private claim needs several)."""
+    from dpgrpo.study import _Study
+
+    config = tmp_path / "study.toml"
+    config.write_text(STUDY_TOML.format(model=tiny_model_dir))
+    names = [r.name for r in _Study.load(config, tmp_path / "w").plan.runs]
+    assert names == ["dp-grpo-seed1", "zero-advantage-seed1", "non-private-seed1"]
+    names = [r.name for r in _Study.load(config, tmp_path / "w", {"seeds": 2}).plan.runs]
+    assert names == [f"{arm}-seed{k}" for arm in ("dp-grpo", "zero-advantage", "non-private")
+                     for k in (1, 2)]

@@ -35,6 +35,7 @@ The ``[study]`` table of the config (stripped before the run config is built) se
     sweep = [32.0, 128.0]               # epsilons of --sweep
     dp_leaky = true                     # also audit the leaky recipe under DP (step 3)
     workers = 2                         # independent tasks in 2 processes at once
+    audit_permutations = 50             # label shuffles of each DIBA audit's permutation test
     [study.leaky]                       # overrides of the leaky non-private run
     "train.steps" = 16
     [study.private_audit]               # overrides of the audited DP-GRPO run
@@ -77,11 +78,14 @@ class StudySettings:
     dp_leaky: bool = False
     private_audit: Mapping[str, Any] = field(default_factory=dict)
     audit_prompts_per_batch: int = 16   # prompts per sampling call (x audit_samples rows)
+    audit_permutations: int = 50        # label shuffles of each DIBA audit's permutation test
     workers: int = 1                    # processes running independent tasks at once
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.audit_prompts_per_batch < 1:
             raise ConfigError("study.workers and study.audit_prompts_per_batch must be >= 1")
+        if self.audit_permutations < 0:
+            raise ConfigError("study.audit_permutations must be >= 0")
         if self.members < self.audit_folds:
             raise ConfigError(f"study.members must be >= study.audit_folds ({self.audit_folds})")
         if any(not e > 0 for e in self.sweep):
@@ -213,6 +217,38 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
     return mia_summary(outcome)
 
 
+def _permutation(out: Path, settings: StudySettings) -> dict[str, Any] | None:
+    """Add the permutation test (:func:`dpgrpo.audit.mia.permutation_test`) to the finished
+    DIBA audit in ``out``, from the features it saved; its summary, or None while the audit is
+    not finished (the final pass then does it)."""
+    import numpy as np
+
+    from dpgrpo.audit.features import DIBA_FEATURES
+    from dpgrpo.audit.mia import permutation_test
+    from dpgrpo.audit.report import permutation_sentence
+    from dpgrpo.checkpoint import atomic_write_json
+
+    summary_path, table = out / "summary.json", out / "candidates.jsonl"
+    if not (summary_path.exists() and table.exists()):
+        return None
+    summary = json.loads(summary_path.read_text())
+    rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
+    if "permutation" in summary or settings.audit_permutations < 1 or \
+            len(rows) != summary["n_members"] + summary["n_nonmembers"]:  # still being written
+        return summary
+    x = np.array([[np.nan if r["features"][n] is None else r["features"][n]
+                   for n in DIBA_FEATURES] for r in rows], dtype=np.float64)
+    test = permutation_test(x, np.array([r["member"] for r in rows]),
+                            permutations=settings.audit_permutations, seed=summary["seed"],
+                            n_folds=summary["diba"]["n_folds"],
+                            n_estimators=summary["diba"]["n_estimators"])
+    summary["permutation"] = test.to_dict()
+    atomic_write_json(summary_path, summary)
+    with (out / "report.md").open("a") as f:
+        f.write("\n## Permutation test\n\n" + permutation_sentence(summary["permutation"]) + "\n")
+    return summary
+
+
 def _canary(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]:
     from dpgrpo.audit.pipeline import run_canary_audit
     from dpgrpo.audit.report import canary_summary, write_canary_report
@@ -297,14 +333,16 @@ class _Study:
     def load(cls, config_path: str | Path, out_dir: str | Path,
              overrides: Mapping[str, Any] | None = None) -> "_Study":
         """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings (and
-        ``seeds``, of ``[protocol]``)."""
+        ``seeds``: that many runs of every trained arm, private and non-private)."""
         from dpgrpo.protocol import plan_protocol, protocol_settings
 
         config_path = Path(config_path).resolve()
         data = read_toml(config_path)
         overrides = dict(overrides or {})
-        table = {**data.pop("protocol", {}), **({"seeds": overrides.pop("seeds")}
-                                                if "seeds" in overrides else {})}
+        table = data.pop("protocol", {})
+        if "seeds" in overrides:      # --seeds N: N runs of every trained arm
+            table = {**table, "seeds": overrides["seeds"], "non_private_seeds": overrides["seeds"]}
+            del overrides["seeds"]
         settings = StudySettings.from_table({**data.pop("study", {}), **overrides})
         config = config_from_dict(data, source=str(config_path))
         out = Path(out_dir).resolve()
@@ -337,6 +375,14 @@ def _dp_leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
         st.audit("dp-leaky"), st.audit("dp-leaky-mia"), st.settings, cfg))
 
 
+def _permutation_steps(st: _Study, steps: Steps, audit: str, what: str) -> Any:
+    """The permutation test of a DIBA audit, once its features are saved."""
+    if (st.audit(audit) / "candidates.jsonl").exists():
+        return steps.run(f"permutation test of the {what}",
+                         lambda: _permutation(st.audit(audit), st.settings))
+    return None
+
+
 def _private_steps(st: _Study, steps: Steps) -> tuple[dict[str, Any], ...]:
     cfg = st.private
     cert = steps.run("audited DP-GRPO run (members + canaries)",
@@ -349,17 +395,12 @@ def _private_steps(st: _Study, steps: Steps) -> tuple[dict[str, Any], ...]:
 
 
 def _arm_steps(st: _Study, steps: Steps, name: str) -> None:
-    """Train and evaluate one run of the protocol (what :func:`run_protocol` would do)."""
-    from dpgrpo.protocol import check_existing, ensure_trained, eval_complete, evaluate
-    from dpgrpo.rundir import RunDir
+    """Train and evaluate one run of the protocol, each phase a timed step."""
+    from dpgrpo.protocol import check_existing, run_one
 
     spec = next(r for r in st.plan.runs if r.name == name)
     check_existing(spec)
-    steps.run(f"{name}: train ({spec.config.train.steps} rounds)", lambda: ensure_trained(spec))
-    if not eval_complete(spec.eval_dir, st.plan.n_eval):
-        steps.run(f"{name}: evaluate", lambda: evaluate(
-            st.plan, spec.eval_dir, adapter=RunDir(spec.run_dir).release, arm=spec.arm,
-            seed=spec.seed))
+    run_one(st.plan, spec, step=steps.run)
 
 
 def _base_steps(st: _Study, steps: Steps) -> None:
@@ -383,7 +424,16 @@ def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     for eps in st.settings.sweep if sweep else ():
         tasks[f"sweep-eps{eps:g}"] = functools.partial(_sweep_run, st.plan, eps)
     tasks["base"] = lambda steps: _base_steps(st, steps)
+    for audit, what in _PERMUTED:   # last: by then the audits (first) have saved their features
+        if audit != "dp-leaky-mia" or st.settings.dp_leaky:
+            tasks[f"{audit}-permutation"] = functools.partial(_permutation_steps, st,
+                                                              audit=audit, what=what)
     return tasks
+
+
+#: The DIBA audits that get a permutation test, with the name of their step.
+_PERMUTED = (("private-mia", "DP-GRPO audit"), ("leaky-mia", "leaky audit"),
+             ("dp-leaky-mia", "leaky recipe under DP"))
 
 
 def _worker(config_path: str, out_dir: str, overrides: dict[str, Any], name: str, sweep: bool,
@@ -441,7 +491,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     The work is split into independent tasks (:func:`_tasks`), run by ``study.workers``
     processes; a final pass in this process then finds every step done and collects the
     results. ``workers``, ``dp_leaky`` and ``seeds`` override ``study.workers``,
-    ``study.dp_leaky`` and ``protocol.seeds``;
+    ``study.dp_leaky`` and both ``protocol.seeds`` and ``protocol.non_private_seeds``;
     ``verbose`` lets worker processes print their progress to standard error.
     """
     from dpgrpo.protocol import run_protocol
@@ -462,6 +512,10 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
         leaky = _leaky_steps(st, steps)
         dp_leaky = _dp_leaky_steps(st, steps) if settings.dp_leaky else None
         dp_cert, private, canary = _private_steps(st, steps)
+        tests = {audit: _permutation_steps(st, steps, audit, what) for audit, what in _PERMUTED
+                 if audit != "dp-leaky-mia" or settings.dp_leaky}
+        leaky, private = tests["leaky-mia"] or leaky, tests["private-mia"] or private
+        dp_leaky = tests.get("dp-leaky-mia") or dp_leaky
         sweeps = [_sweep(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
     dp_run = next(s for s in plan.runs if s.arm == "dp-grpo")
     cert = protocol.certificates[dp_run.name]
@@ -506,6 +560,12 @@ def _auc(mia: Mapping[str, Any]) -> tuple[float, list[float]]:
     return pooled["auc"], [pooled["extra"]["auc_ci_low"], pooled["extra"]["auc_ci_high"]]
 
 
+def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``<key>_p`` and ``<key>_null`` (central 95% of the null AUCs) of a permutation test."""
+    test = (mia or {}).get("permutation")
+    return {} if not test else {f"{key}_p": test["p_value"], f"{key}_null": test["null_band"]}
+
+
 def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     """The keys of ``cpu-study.json`` that the issue and the results page name."""
     report, cert = results["report"], results["dp_certificate"]
@@ -518,7 +578,8 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     if results.get("dp_leaky_mia"):
         auc, ci = _auc(results["dp_leaky_mia"])
         dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci,
-                    "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"]}
+                    "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"],
+                    **_permuted("audit_dp_leaky_auc", results["dp_leaky_mia"])}
     return {
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
         "dp_gain_pp": _contrast(report, "dp-grpo", "base")["pp"],
@@ -527,7 +588,9 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],
                                            cert["expected_batch"]),
         "audit_leaky_auc": leaky_auc, "audit_leaky_auc_ci": leaky_ci,
+        **_permuted("audit_leaky_auc", results["leaky_mia"]),
         "audit_dp_auc": dp_auc, "audit_dp_auc_ci": dp_ci,
+        **_permuted("audit_dp_auc", results["private_mia"]),
         "audit_dp_auc_ceiling": results["private_mia"]["certified_auc_ceiling"], **dp_leaky,
         "canary_eps_lower_bound": canary["empirical_epsilon_lower_bound"],
         "certified_eps": canary["certified_epsilon"],

@@ -21,8 +21,9 @@ def study_cmd(
                                             help="Also audit the leaky recipe made private "
                                                  "(default: study.dp_leaky)."),
     seeds: Optional[int] = typer.Option(None, "--seeds", min=1,
-                                        help="Seeds of each private arm (default: "
-                                             "protocol.seeds)."),
+                                        help="Runs of each trained arm, private and "
+                                             "non-private (default: protocol.seeds and "
+                                             "protocol.non_private_seeds)."),
     workers: Optional[int] = typer.Option(None, "--workers", min=1,
                                           help="Processes running independent tasks at once "
                                                "(default: study.workers)."),

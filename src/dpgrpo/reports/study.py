@@ -62,11 +62,12 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         "(see the config for every setting "
         "and why it was chosen). SmolLM2-135M-Instruct on the embedded arithmetic task, "
         f"{plan['n_eval']} eval problems, greedy, strict scorer; "
-        f"{_seeds(plan['settings']['seeds'])} of each private arm, one of the non-private arm "
+        f"{_seeds(plan['settings']['seeds'])} of each private arm, "
+        f"{_seeds(plan['settings'].get('non_private_seeds', 1))} of the non-private arm "
         "(accuracies averaged over seeds; the bootstrap resamples problems).", "",
         "## Headline", "",
         f"- Non-private GRPO over the base: **{_pp(s['nonprivate_gain_pp'])} pp** "
-        f"{_ci(s['nonprivate_gain_ci'])}.",
+        f"{_ci(s['nonprivate_gain_ci'])}{_seed_spread(results['report'], 'non-private', 'base')}.",
         f"- DP-GRPO (epsilon {cert['epsilon']:.2f}) over the zero-advantage control: "
         f"**{_pp(s['dp_vs_control_pp'])} pp** {_ci(s['dp_vs_control_ci'])}, MDE "
         f"{s['dp_vs_control_mde']:.1f} pp; DP-GRPO over the base {_pp(s['dp_gain_pp'])} pp"
@@ -75,14 +76,19 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         f"(sigma {cert['sigma']:.4f}, p {cert['trainable_coordinates']:,} LoRA coordinates, "
         f"q n {cert['expected_batch']:g}; the paper's MATH point is about 8).",
         f"- DIBA on the leaky non-private run: AUC **{s['audit_leaky_auc']:.3f}** "
-        f"{_ci(s['audit_leaky_auc_ci'], 3)}; on the DP-GRPO run over the same members: AUC "
-        f"**{s['audit_dp_auc']:.3f}** {_ci(s['audit_dp_auc_ci'], 3)} (its certificate allows "
+        f"{_ci(s['audit_leaky_auc_ci'], 3)}{_perm(s, 'audit_leaky_auc')}; on the DP-GRPO run "
+        f"over the same members: AUC **{s['audit_dp_auc']:.3f}** "
+        f"{_ci(s['audit_dp_auc_ci'], 3)}{_perm(s, 'audit_dp_auc')} (its certificate allows "
         f"at most {s['audit_dp_auc_ceiling']:.3f})"
         + (f"; on the leaky recipe under DP (certified epsilon "
            f"{results['dp_leaky_mia']['certified_epsilon']:.2f}): AUC "
-           f"**{s['audit_dp_leaky_auc']:.3f}** {_ci(s['audit_dp_leaky_auc_ci'], 3)} (at most "
-           f"{s['audit_dp_leaky_auc_ceiling']:.3f})."
-           if "audit_dp_leaky_auc" in s else "."),
+           f"**{s['audit_dp_leaky_auc']:.3f}** {_ci(s['audit_dp_leaky_auc_ci'], 3)}"
+           f"{_perm(s, 'audit_dp_leaky_auc')} (at most {s['audit_dp_leaky_auc_ceiling']:.3f})."
+           if "audit_dp_leaky_auc" in s else ".")
+        + (" The intervals are bootstrap intervals over the candidates; the permutation test "
+           "(the whole cross-validated attack refitted on shuffled labels) also counts how the "
+           "classifier was fitted, and its one-sided p-value is the test for leakage."
+           if "audit_leaky_auc_p" in s else ""),
         f"- Canary one-run lower bound **{s['canary_eps_lower_bound']:.3f}** beside the "
         f"certified epsilon {s['certified_eps']:.3f} of that run.",
         f"- Wall time {s['wall_seconds'] / 60:.1f} min on 2 CPU cores"
@@ -126,14 +132,22 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _perm(s: Mapping[str, Any], key: str) -> str:
+    """", permutation p = .. (null 95% [.., ..])" when the study ran the test."""
+    if f"{key}_p" not in s:
+        return ""
+    return f", permutation p = {s[f'{key}_p']:.2g} (null 95% {_ci(s[f'{key}_null'], 3)})"
+
+
 def _seeds(n: int) -> str:
     return "one seed" if n == 1 else f"{n} seeds"
 
 
-def _seed_spread(report: Mapping[str, Any]) -> str:
-    """Per-seed DP-GRPO - control differences and their t-interval, with several seeds."""
-    row = next((r for r in report["contrasts"] if r["arm"] == "dp-grpo"
-                and r["comparator"] == "zero-advantage" and r["scorer"] == "strict"), None)
+def _seed_spread(report: Mapping[str, Any], arm: str = "dp-grpo",
+                 comparator: str = "zero-advantage") -> str:
+    """Per-seed ``arm - comparator`` differences and their t-interval, with several seeds."""
+    row = next((r for r in report["contrasts"] + report["versus_base"] if r["arm"] == arm
+                and r["comparator"] == comparator and r["scorer"] == "strict"), None)
     seeds = (row or {}).get("seeds") or {}
     diffs = seeds.get("diffs") or []
     if len(diffs) < 2:
