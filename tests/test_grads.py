@@ -309,3 +309,87 @@ def test_gradient_checkpointing_keeps_gradients_exact(tok, method):
     checkpointed = per_prompt_grads(model, GRPOObjective(), batch, method=method,
                                     rows_per_pass=2)
     assert _max_abs(checkpointed, plain) <= 1e-12
+
+
+# --- each prompt's pass over its prompt shared by its G rows ---------------------------------
+
+def _embedding_calls(model):
+    """Record the (rows, columns) of every decoder pass."""
+    calls = []
+    handle = model.get_input_embeddings().register_forward_hook(
+        lambda m, args, out: calls.append(tuple(args[0].shape)))
+    return calls, handle
+
+
+def test_shared_prompt_runs_each_prompt_once_with_the_same_values(policy, tok):
+    """token_logprobs(group_size=G): one pass over each prompt (1 row), one over the G rows'
+    completions, and the log-probs of one pass over the whole rows to 1e-12 (fp64)."""
+    from dpgrpo.objectives.logprobs import shared_prompt_end, token_logprobs
+
+    ro = make_rollouts(tok, 3, 4, seed=5)
+    start = int(ro.completion_mask.bool().any(0).long().argmax())
+    assert (ro.attention_mask[:, :start] == 0).any()                 # left-padded prompts
+    assert shared_prompt_end(ro.input_ids, ro.attention_mask, ro.completion_mask.bool(), 4) == start
+    assert shared_prompt_end(ro.input_ids, ro.attention_mask, ro.completion_mask.bool(), 6) == 0
+    assert shared_prompt_end(ro.input_ids, ro.attention_mask, ro.completion_mask.bool(), 1) == 0
+    mixed = ro.input_ids.clone()
+    mixed[1, start - 1] = (mixed[1, start - 1] + 1) % len(tok)       # row 1: another prompt
+    assert shared_prompt_end(mixed, ro.attention_mask, ro.completion_mask.bool(), 4) == 0
+    with torch.no_grad():
+        full = token_logprobs(policy, ro.input_ids, ro.attention_mask, mask=ro.completion_mask)
+        calls, handle = _embedding_calls(policy)
+        try:
+            shared = token_logprobs(policy, ro.input_ids, ro.attention_mask,
+                                    mask=ro.completion_mask, group_size=4)
+        finally:
+            handle.remove()
+    width = ro.input_ids.shape[1]
+    assert calls == [(3, start), (12, width - start)]
+    assert torch.equal(shared == 0, full == 0)
+    assert float((shared - full).abs().max()) <= 1e-12
+    with torch.no_grad():                                             # not one prompt: no sharing
+        calls, handle = _embedding_calls(policy)
+        try:
+            token_logprobs(policy, mixed, ro.attention_mask, mask=ro.completion_mask, group_size=4)
+        finally:
+            handle.remove()
+    assert calls == [(12, width)]
+
+
+@pytest.mark.parametrize("method", ["fast", "reference"])
+def test_shared_prompt_gives_the_full_forwards_gradients(policy, tok, monkeypatch, method):
+    """Per-prompt gradients through the shared prompt pass (backward reaches the prompt's
+    keys and values through the cache) equal those of a full forward per row, fp64."""
+    import dpgrpo.objectives.logprobs as logprobs
+
+    batch = make_batch(policy, tok, torch.tensor([[1., 0, 0, 1], [0, 1, 1, 1], [1, 0, 1, 0]]),
+                       seed=8)
+    calls, handle = _embedding_calls(policy)
+    try:
+        shared = per_prompt_grads(policy, GRPOObjective(), batch, method=method)
+    finally:
+        handle.remove()
+    assert calls and all(rows == 1 for rows, _ in calls[::2])       # each prompt once
+    monkeypatch.setattr(logprobs, "shared_prompt_end", lambda *args: 0)
+    full = per_prompt_grads(policy, GRPOObjective(), batch, method=method)
+    scale = max(float(v.abs().max()) for v in full.values())
+    assert scale > 0
+    assert _max_abs(shared, full) <= 1e-10 * scale
+    ref_full = reference_logprobs(policy, batch)
+    assert float((ref_full - batch.ref_logprobs).abs().max()) <= 1e-12
+
+
+def test_gradient_checkpointing_turns_prompt_sharing_off(tok):
+    """Under gradient checkpointing transformers drops the cache: every row runs whole."""
+    from dpgrpo.model import enable_gradient_checkpointing
+
+    base = build_tiny_model(tok, dtype="float64")
+    model = attach_lora(base, LoraSettings(dropout=0.0))
+    enable_gradient_checkpointing(model)
+    batch = make_batch(model.eval(), tok, torch.tensor([[1., 0, 0, 1]]), seed=4)
+    calls, handle = _embedding_calls(model)
+    try:
+        per_prompt_grads(model.train(), GRPOObjective(), batch, method="reference")
+    finally:
+        handle.remove()
+    assert calls == [tuple(batch.input_ids.shape)]

@@ -100,56 +100,32 @@ def _completion_logprobs(model: Any, batch: Any, batch_size: int) -> np.ndarray:
 
     The quantity of :func:`dpgrpo.objectives.logprobs.token_logprobs` with the completion mask
     (position ids from the attention mask, no full-vocabulary logits), so the audit's k3 and
-    likelihood ratio are those of the GRPO objective's KL term (Eq. 3), but computed as decoding
-    does: the G rows of a prompt share one pass over the prompt, whose cache each row then
-    extends with its completion (the prompt is most of a row's tokens, so this about halves the
-    work). ``batch_size`` rows (whole groups) per pass.
+    likelihood ratio are those of the GRPO objective's KL term (Eq. 3); the G rows of a prompt
+    share one pass over the prompt (``group_size``). ``batch_size`` rows (whole groups) per pass.
     """
-    from dpgrpo.objectives.logprobs import chosen_logprobs, decoder_and_head
-    from dpgrpo.rollout.decode import cache_keyword, new_cache
+    from dpgrpo.objectives.logprobs import token_logprobs
 
     n, length = batch.input_ids.shape
-    out = torch.zeros((n, length), dtype=torch.float64)
-    if n == 0:
-        return out.numpy()
+    out = np.zeros((n, length))
     g = batch.group_size
-    start = int(batch.completion_mask.bool().any(0).long().argmax())   # every completion's column
+    per_pass = max(1, batch_size // g)
     device = next(model.parameters()).device
-    decoder, head, softcap = decoder_and_head(model)
-    key = cache_keyword(model)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            for first in range(0, batch.num_prompts, max(1, batch_size // g)):
-                groups = torch.arange(first, min(first + max(1, batch_size // g),
-                                                 batch.num_prompts))
-                rows = (groups[:, None] * g + torch.arange(g)).reshape(-1)
-                end = start + int(batch.completion_mask[rows].sum(1).max())   # trim padding
-                ids = batch.input_ids[rows, :end].to(device)
-                mask = batch.attention_mask[rows, :end].to(device)
-                p_ids, p_mask = ids[::g, :start], mask[::g, :start]            # (b, P)
-                cache = new_cache(model, end)
-                h_last = decoder(input_ids=p_ids, attention_mask=p_mask,
-                                 position_ids=(p_mask.cumsum(1) - 1).clamp(min=0),
-                                 use_cache=True, **{key: cache}).last_hidden_state[:, -1]
-                cache.batch_select_indices(torch.arange(len(groups), device=device
-                                                        ).repeat_interleave(g))
-                positions = (mask.cumsum(1) - 1).clamp(min=0)[:, start:]
-                hidden = decoder(input_ids=ids[:, start:], attention_mask=mask,
-                                 position_ids=positions, use_cache=True,
-                                 **{key: cache}).last_hidden_state              # (R, C, H)
-                # token j of a completion is predicted from the state before it: the prompt's
-                # last for j = 0, the completion's token j - 1 after
-                states = torch.cat([h_last.repeat_interleave(g, 0)[:, None], hidden[:, :-1]], 1)
-                want = batch.completion_mask[rows, start:end].bool().to(device)
-                logp = chosen_logprobs(states[want], head.weight, ids[:, start:][want],
-                                       bias=getattr(head, "bias", None), softcap=softcap)
-                block = torch.zeros(want.shape, dtype=torch.float64, device=device)
-                out[rows, start:end] = block.masked_scatter(want, logp.double()).cpu()
+            for first in range(0, batch.num_prompts, per_pass):
+                rows = slice(first * g, min(first + per_pass, batch.num_prompts) * g)
+                used = batch.attention_mask[rows].bool().any(0).nonzero()
+                end = int(used[-1]) + 1 if len(used) else 0                   # trim padding
+                lp = token_logprobs(model, batch.input_ids[rows, :end].to(device),
+                                    batch.attention_mask[rows, :end].to(device),
+                                    mask=batch.completion_mask[rows, :end].to(device),
+                                    group_size=g)
+                out[rows, :end] = lp.double().cpu().numpy()
     finally:
         model.train(was_training)
-    return out.numpy()
+    return out
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:

@@ -90,7 +90,8 @@ class GRPOObjective:
         if self.beta > 0 and batch.ref_logprobs is None:
             raise ValueError("GRPOObjective with beta > 0 needs batch.ref_logprobs")
         ids, attn, mask, ref = batch.window(rows)                             # (n, W)
-        logp = token_logprobs(model, ids, attn, mask=mask)                    # (n, W)
+        share = min(ids.shape[0], batch.rows_per_prompt)  # rows of one prompt: its prompt
+        logp = token_logprobs(model, ids, attn, mask=mask, group_size=share)  # runs once
         mask = mask.to(logp.dtype)
         adv = batch.advantages.reshape(-1)[rows].to(logp.dtype).unsqueeze(1)  # (n, 1)
         gain = torch.exp(logp - logp.detach()) * adv                          # (n, W)
@@ -138,7 +139,8 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
                 continue
             cols = slice(int(used[0]), int(used[-1]) + 1)
             out[rows, cols] = token_logprobs(policy_model, ids[rows, cols], attn[rows, cols],
-                                             mask=mask[rows, cols]).to(dtype)
+                                             mask=mask[rows, cols],
+                                             group_size=rows.stop - rows.start).to(dtype)
     return out
 
 

@@ -115,16 +115,86 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     return get_decoder(), head, (float(softcap) if softcap else None)
 
 
+def shared_prompt_end(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                      want: torch.Tensor, group_size: int) -> int:
+    """The first scored column if each run of ``group_size`` consecutive rows has identical
+    tokens and mask before it (one prompt's completions), else 0 (no prompt to share)."""
+    n, length = input_ids.shape
+    if group_size < 2 or n == 0 or n % group_size or not bool(want.any()):
+        return 0
+    start = int(want.any(0).long().argmax())
+    if start < 1:
+        return 0
+    ids = input_ids[:, :start].reshape(n // group_size, group_size, start)
+    mask = attention_mask[:, :start].reshape(n // group_size, group_size, start)
+    same = bool((ids == ids[:, :1]).all()) and bool((mask == mask[:, :1]).all())
+    return start if same and bool(mask[:, 0].any(-1).all()) else 0
+
+
+def _uses_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether some layer recomputes itself in backward (transformers then drops the cache)."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def _shared_prompt_states(model: torch.nn.Module, decoder: torch.nn.Module,
+                          input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int,
+                          group_size: int) -> torch.Tensor:
+    """(N, L - start, H) hidden states predicting tokens ``start .. L-1`` of each row, each
+    group's prompt (columns ``< start``) run once and its key/value cache extended by the
+    group's rows, as decoding does. Differentiable: with grad enabled the cache is a plain
+    ``DynamicCache`` (concatenation), so backward reaches the prompt's pass through it."""
+    from dpgrpo.rollout.decode import cache_keyword, new_cache, plain_cache
+
+    g = group_size
+    cache = plain_cache(model) if torch.is_grad_enabled() else new_cache(model, input_ids.shape[1])
+    key = cache_keyword(model)
+    p_ids, p_mask = input_ids[::g, :start], attention_mask[::g, :start]            # (B, P)
+    h_last = decoder(input_ids=p_ids, attention_mask=p_mask,
+                     position_ids=(p_mask.long().cumsum(1) - 1).clamp(min=0),
+                     use_cache=True, **{key: cache}).last_hidden_state[:, -1]      # (B, H)
+    cache.batch_repeat_interleave(g)
+    positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)[:, start:]
+    hidden = decoder(input_ids=input_ids[:, start:], attention_mask=attention_mask,
+                     position_ids=positions, use_cache=True,
+                     **{key: cache}).last_hidden_state                              # (N, C, H)
+    # token start + j is predicted from the state before it: the prompt's last for j = 0
+    return torch.cat([h_last.repeat_interleave(g, 0)[:, None], hidden[:, :-1]], 1)
+
+
+def _scoring_states(model: torch.nn.Module, decoder: torch.nn.Module, input_ids: torch.Tensor,
+                    attention_mask: torch.Tensor, want: torch.Tensor,
+                    group_size: int | None) -> tuple[torch.Tensor, int]:
+    """Hidden states ``S`` and a column ``s`` such that ``S[:, j]`` predicts token ``s + j``.
+
+    With ``group_size`` and rows that share their prompt (:func:`shared_prompt_end`), each
+    prompt is run once (its G rows would otherwise repeat it G times); otherwise (or under
+    gradient checkpointing, which drops the cache) one plain forward over every row.
+    """
+    start = 0
+    if group_size is not None and not _uses_checkpointing(model):
+        start = shared_prompt_end(input_ids, attention_mask, want, group_size)
+    if start:
+        return _shared_prompt_states(model, decoder, input_ids, attention_mask, start,
+                                     group_size), start
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)      # (N, L)
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                     position_ids=position_ids, use_cache=False).last_hidden_state  # (N, L, H)
+    return hidden[:, :-1], 1
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor, *, first: int = 1,
                    mask: torch.Tensor | None = None,
-                   chunk: int | None = None) -> torch.Tensor:
+                   chunk: int | None = None, group_size: int | None = None) -> torch.Tensor:
     """log pi(token_k | prefix) at scored positions, zeros elsewhere; (N, L) -> (N, L).
 
     A position k is scored if k >= ``first`` and, when ``mask`` (N, L) is given, ``mask[:, k]``
     is set; position 0 has no prefix and is never scored. Position ids follow the attention mask,
     so a left-padded row sees the positions it was generated with. Output dtype: fp32, or fp64
     for fp64 models. Differentiable with respect to the adapter; no (N, L, V) tensor is formed.
+    ``group_size`` G: rows ``i*G .. i*G+G-1`` may be completions of one prompt; if they are
+    (identical up to the first scored column), that prompt runs once for its G rows, which
+    gives the same values up to float rounding.
     """
     n, length = input_ids.shape
     decoder, head, softcap = decoder_and_head(model)
@@ -136,11 +206,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
         want &= mask.bool()
     if n == 0 or not bool(want.any()):
         return out
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)      # (N, L)
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                     position_ids=position_ids, use_cache=False).last_hidden_state  # (N, L, H)
-    picked = hidden[:, :-1][want[:, 1:]]                                      # (K, H)
-    targets = input_ids[:, 1:][want[:, 1:]]                                   # (K,)
+    states, start = _scoring_states(model, decoder, input_ids, attention_mask, want, group_size)
+    picked = states[want[:, start:]]                                          # (K, H)
+    targets = input_ids[:, start:][want[:, start:]]                           # (K,)
     logp = chosen_logprobs(picked, head.weight, targets, bias=getattr(head, "bias", None),
                            softcap=softcap, chunk=chunk)                      # (K,)
     return out.masked_scatter(want, logp.to(out_dtype))
@@ -180,5 +248,5 @@ def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
     return logp.masked_scatter(want, torch.cat(lp)), ent.masked_scatter(want, torch.cat(h))
 
 
-__all__ = ["DEFAULT_LOGIT_ELEMENTS", "chosen_logprobs", "decoder_and_head", "token_logprobs",
-           "token_logprobs_and_entropy"]
+__all__ = ["DEFAULT_LOGIT_ELEMENTS", "chosen_logprobs", "decoder_and_head", "shared_prompt_end",
+           "token_logprobs", "token_logprobs_and_entropy"]

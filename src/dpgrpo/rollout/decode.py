@@ -133,6 +133,15 @@ def new_cache(model: Any, capacity: int, layer: type | None = None) -> Any:
     return cache
 
 
+def plain_cache(model: Any) -> Any:
+    """transformers' own ``DynamicCache`` for ``model`` (keys and values concatenated, so a
+    forward through it can be differentiated; the preallocated layers write in place)."""
+    try:
+        return DynamicCache(config=_base(model).config)
+    except TypeError:  # pragma: no cover - older transformers
+        return DynamicCache()
+
+
 def _base(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
