@@ -89,6 +89,17 @@ def row_weights_uniform(num_prompts: int, rows_per_prompt: int,
                       dtype=dtype)
 
 
+def window_logprobs(model: torch.nn.Module, batch: TrainBatch, rows: slice
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(log-probs, loss mask, reference log-probs) of ``rows`` on their own columns
+    (:meth:`TrainBatch.window`), the prompt of each prompt's rows run once for all of them."""
+    from dpgrpo.objectives.logprobs import token_logprobs
+
+    ids, attn, mask, ref = batch.window(rows)                                 # (n, W)
+    share = min(ids.shape[0], batch.rows_per_prompt)
+    return token_logprobs(model, ids, attn, mask=mask, group_size=share), mask, ref
+
+
 def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Each row's mean over its own masked tokens, shape (n,); an empty row gives 0.
 
@@ -99,4 +110,5 @@ def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
-__all__ = ["Objective", "TrainBatch", "masked_row_mean", "row_weights_uniform"]
+__all__ = ["Objective", "TrainBatch", "masked_row_mean", "row_weights_uniform",
+           "window_logprobs"]

@@ -17,6 +17,7 @@ import torch
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform
+from dpgrpo.objectives import window_logprobs
 from dpgrpo.objectives.logprobs import token_logprobs
 
 ADVANTAGE_MODES = ("group", "zero", "shuffled", "positive")
@@ -89,9 +90,7 @@ class GRPOObjective:
             raise ValueError("GRPOObjective needs batch.advantages (see build_grpo_batch)")
         if self.beta > 0 and batch.ref_logprobs is None:
             raise ValueError("GRPOObjective with beta > 0 needs batch.ref_logprobs")
-        ids, attn, mask, ref = batch.window(rows)                             # (n, W)
-        share = min(ids.shape[0], batch.rows_per_prompt)  # rows of one prompt: its prompt
-        logp = token_logprobs(model, ids, attn, mask=mask, group_size=share)  # runs once
+        logp, mask, ref = window_logprobs(model, batch, rows)                 # (n, W)
         mask = mask.to(logp.dtype)
         adv = batch.advantages.reshape(-1)[rows].to(logp.dtype).unsqueeze(1)  # (n, 1)
         gain = torch.exp(logp - logp.detach()) * adv                          # (n, W)

@@ -15,6 +15,10 @@ The head may be tied to the input embedding; it is frozen (LoRA adapts the proje
 Gemma-style final logit soft-capping is honoured. Logits are formed in the head's dtype and
 upcast to fp32 (fp64 for fp64 models) exactly as ``model(...).logits.float()`` would be, so the
 values equal the unfused computation up to the order of the vocabulary reduction.
+
+The G completions of one prompt share its tokens: given ``group_size``, the prompt runs once and
+its key/value cache is extended by each completion, as decoding does (the reference pass and
+the gradient pass then cost about what the completions need; ``bench/prompt_sharing.py``).
 """
 
 from __future__ import annotations

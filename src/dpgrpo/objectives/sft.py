@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from dpgrpo.objectives import TrainBatch, masked_row_mean
-from dpgrpo.objectives.logprobs import token_logprobs
+from dpgrpo.objectives import TrainBatch, masked_row_mean, window_logprobs
 
 
 @dataclass(frozen=True)
@@ -26,8 +25,7 @@ class SFTObjective:
     """Row loss = -(1/L) sum_k log pi(y_k | x, y_<k): token-mean NLL over the row's own tokens."""
 
     def row_losses(self, model: torch.nn.Module, batch: TrainBatch, rows: slice) -> torch.Tensor:
-        ids, attn, mask, _ = batch.window(rows)                              # (n, W)
-        logp = token_logprobs(model, ids, attn, mask=mask)                    # (n, W)
+        logp, mask, _ = window_logprobs(model, batch, rows)                   # (n, W)
         return masked_row_mean(-logp, mask)                                   # (n,)
 
 
