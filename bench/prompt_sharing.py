@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_overhead import peak_bytes, sync  # noqa: E402
+from step_overhead import peak_bytes, sync, synthetic_rollouts  # noqa: E402
 
 import dpgrpo.objectives.logprobs as logprobs  # noqa: E402
 from dpgrpo.config import load_config  # noqa: E402
@@ -43,31 +43,7 @@ from dpgrpo.grads import per_prompt_grads  # noqa: E402
 from dpgrpo.model import LoraSettings, load_policy  # noqa: E402
 from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch,  # noqa: E402
                                     group_advantages, reference_logprobs)
-from dpgrpo.rollout import RolloutBatch  # noqa: E402
 from dpgrpo.tasks import get_task, load_problems  # noqa: E402
-
-
-def rollouts(tok: Any, task: Any, problems: list[Any], group: int, cap: int,
-             seed: int = 0) -> RolloutBatch:
-    """The task's chat-formatted prompts, left-padded; random completions, EOS-terminated."""
-    gen = torch.Generator().manual_seed(seed)
-    texts = [tok.apply_chat_template([{"role": "user", "content": task.prompt(p)}],
-                                     tokenize=False, add_generation_prompt=True)
-             for p in problems]
-    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
-              add_special_tokens=False)
-    n = len(problems) * group
-    lengths = torch.randint(max(cap // 2, 1), cap + 1, (n,), generator=gen)
-    comp = torch.randint(3, min(len(tok), 30000), (n, cap), generator=gen)
-    comp[torch.arange(n), lengths - 1] = tok.eos_token_id
-    cmask = (torch.arange(cap)[None] < lengths[:, None]).long()
-    comp = torch.where(cmask.bool(), comp, tok.pad_token_id)
-    pids = enc["input_ids"].repeat_interleave(group, 0)
-    pmask = enc["attention_mask"].repeat_interleave(group, 0)
-    return RolloutBatch([[""] * group] * len(problems), torch.cat([pids, comp], 1),
-                        torch.cat([pmask, cmask], 1),
-                        torch.cat([torch.zeros_like(pmask), cmask], 1), lengths,
-                        torch.zeros(n, dtype=torch.bool), group, len(problems))
 
 
 @contextmanager
@@ -113,7 +89,8 @@ def main() -> None:
     task = get_task(config.data.task)
     cap = train.max_new_tokens or task.default_max_new_tokens
     problems = load_problems(task, "train", config.data.data_dir)[:args.prompts]
-    ro = rollouts(tok, task, problems, train.group_size, cap)
+    ro = synthetic_rollouts(tok, len(problems), train.group_size, cap,
+                            messages=[task.prompt(p) for p in problems])
     rows = train.rows_per_pass(cap)
     method = "reference" if m.lora_layers is not None or m.gradient_checkpointing else "fast"
     rewards = torch.rand((ro.num_prompts, ro.group_size),

@@ -54,11 +54,12 @@ def load(name: str, device: str) -> tuple[torch.nn.Module, object]:
     return attach_lora(base, LoraSettings(dropout=0.0)).train(), tok
 
 
-def synthetic_rollouts(tok, prompts: int, group: int, max_len: int, seed: int = 0
-                       ) -> RolloutBatch:
-    """Chat-templated prompts; random completions of lengths in [max_len/2, max_len]."""
+def synthetic_rollouts(tok, prompts: int, group: int, max_len: int, seed: int = 0,
+                       messages: list[str] = MESSAGES) -> RolloutBatch:
+    """Chat-templated prompts (``messages``, cycled), left-padded; random completions of lengths
+    in [max_len/2, max_len], EOS-terminated."""
     gen = torch.Generator().manual_seed(seed)
-    texts = [tok.apply_chat_template([{"role": "user", "content": MESSAGES[i % len(MESSAGES)]}],
+    texts = [tok.apply_chat_template([{"role": "user", "content": messages[i % len(messages)]}],
                                      tokenize=False, add_generation_prompt=True)
              for i in range(prompts)]
     enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
