@@ -20,7 +20,15 @@ from typing import Any, Sequence
 from dpgrpo.arm_table import arm_spec
 from dpgrpo.errors import ConfigError
 
-MAX_GROUP_SIZE = 8  # certificate group figures cost about k^2 seconds at every checkpoint
+MAX_GROUP_SIZE = 8
+#: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
+LORA_TRAIN = {
+    "all": "lora_A and lora_B (rank x (d_in + d_out) per module)",
+    "B": "lora_B only (FFA-LoRA, Sun et al. 2024): lora_A frozen at its initialization, "
+         "so the update is B times a fixed projection (d_out x rank per module)",
+    "bias": "lora_B's bias only: one vector of d_out per module added to its output "
+            "(a steering vector); lora_A and lora_B's weight frozen",
+}  # certificate group figures cost about k^2 seconds at every checkpoint
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,22 @@ class ModelConfig:
     # decoder layers that get adapters (negative indices count from the end; default: all).
     # Fewer trainable coordinates p means less noise per unit of signal (sigma C sqrt(p)/(q n)).
     lora_layers: tuple[int, ...] | None = None
+    # Which adapter weights the private run trains (model.LORA_TRAIN; public): "all" (A and B),
+    # "B" (FFA-LoRA: A frozen at its initialization) or "bias" (only B's bias, needs lora_bias:
+    # one steering vector per adapted module). Fewer trainable coordinates, less noise.
+    lora_train: str = "all"
+    lora_bias: bool = False  # give lora_B a bias (PEFT's lora_bias), zero at start
+    # A public adapter to start from (a folder with adapter_model.safetensors, e.g. the release/
+    # of a run on public data). Public input: its path and sha256 go into the certificate.
+    init_adapter: str | None = None
 
     def __post_init__(self) -> None:
+        if self.lora_train not in LORA_TRAIN:
+            raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
+                              f"not {self.lora_train!r}")
+        if self.lora_train == "bias" and not self.lora_bias:
+            raise ConfigError("model.lora_train = 'bias' trains lora_B's bias only: "
+                              "set model.lora_bias = true too")
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
             raise ConfigError(f"model.dtype must be float32, bfloat16, float16 or float64, not {self.dtype!r}")
         if self.lora_rank < 1:
@@ -320,6 +342,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
     data.pop("study", None)     # settings of `dpgrpo study`; likewise
+    data.pop("tune", None)      # settings of `dpgrpo tune` (dpgrpo.experiments.tune)
     config = config_from_dict(data, source=str(path or "defaults"))
     return apply_overrides(config, overrides or [])
 
@@ -391,6 +414,7 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
     data = read_toml(path)
     table = data.pop("protocol", {})
     data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
+    data.pop("tune", None)      # settings of `dpgrpo tune`
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [protocol] must be a table")
     return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from dpgrpo.errors import ConfigError
+from dpgrpo.model import frozen_adapter_names
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import prompt_row_chunks
 from dpgrpo.runtime import release_free_memory
@@ -41,8 +42,10 @@ PerPromptGrads = dict[str, torch.Tensor]   # name -> (B, *param.shape)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """Name -> parameter for every parameter that requires grad."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+    """Name -> parameter for every parameter that requires grad, less the adapter weights
+    ``model.lora_train`` freezes (which PEFT may have switched back on: frozen again here)."""
+    frozen = frozen_adapter_names(model)
+    return {n: p for n, p in model.named_parameters() if p.requires_grad and n not in frozen}
 
 
 def _acc_dtype(param: torch.Tensor) -> torch.dtype:
@@ -196,8 +199,10 @@ class _LoraHooks:
             self.swapped.append((module.lora_dropout, adapter, dropout))
             module.lora_dropout[adapter] = recorder
             scale = 1.0 / (1.0 - p) if p > 0 else 1.0
-            self.handles.append(lora_a.register_forward_hook(self._hook_a(names_a, slot, scale)))
-            self.handles.append(lora_b.register_forward_hook(self._hook_b(names_b)))
+            if names_a:  # lora_A frozen (model.lora_train = "B" or "bias"): no hook needed
+                self.handles.append(lora_a.register_forward_hook(self._hook_a(names_a, slot, scale)))
+            if names_b:
+                self.handles.append(lora_b.register_forward_hook(self._hook_b(names_b)))
         return covered
 
     def _names(self, prefix: str, layer: torch.nn.Module) -> dict[str, str]:

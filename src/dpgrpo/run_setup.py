@@ -18,7 +18,8 @@ import torch
 
 from dpgrpo import __version__
 from dpgrpo.arm_table import ARMS, arm_spec
-from dpgrpo.config import RunConfig
+from dpgrpo.config import ModelConfig, RunConfig
+from dpgrpo.grads import trainable_parameters
 from dpgrpo.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.privacy.accounting import (
     ACCOUNTANT,
@@ -84,6 +85,7 @@ class RunState:
     telemetry: list[dict[str, Any]] = field(default_factory=list)
     _rollout_gen: torch.Generator | None = None
     chooser: ProblemChooser | None = None  # contributor-level DP: which k problems (hidden)
+    init_adapter_sha256: str | None = None  # model.init_adapter's weights, read at start-up
 
     @property
     def model(self) -> Any:
@@ -188,7 +190,8 @@ def _epsilon_ceiling(q: float, sigma: float, steps: int, delta: float) -> float:
 
 def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
     """Resolve the public constants, calibrate sigma, load the model and the optimizer."""
-    from dpgrpo.model import LoraSettings, enable_gradient_checkpointing, load_policy
+    from dpgrpo.model import LoraSettings, adapter_digest, enable_gradient_checkpointing
+    from dpgrpo.model import load_policy
     from dpgrpo.model import public_model_name
     from dpgrpo.tasks import get_task
 
@@ -213,6 +216,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     m = config.model
     lora = LoraSettings.from_config(m)
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
+    init_sha = adapter_digest(m.init_adapter) if m.init_adapter is not None else None
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
     for peft_config in getattr(policy.model, "peft_config", {}).values():
@@ -220,7 +224,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     policy.model.train()
     if ctx.active:  # distinct dropout masks per rank from here on
         torch.manual_seed(init_seed + 7919 * ctx.rank)
-    params = [prm for prm in policy.model.parameters() if prm.requires_grad]
+    params = list(trainable_parameters(policy.model).values())
     coordinates = sum(prm.numel() for prm in params)
     if config.private:  # refuse before any round if the generator's tails would matter
         eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(q, sigma, steps, delta)
@@ -238,7 +242,8 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
                     noise=NoiseSource(seed=None if seed is None else seed + 1),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
-                    coordinates=coordinates, _rollout_gen=rollout_gen, chooser=chooser)
+                    coordinates=coordinates, _rollout_gen=rollout_gen, chooser=chooser,
+                    init_adapter_sha256=init_sha)
 
 
 def record_isolation(rollout_mode: str, engine: str = "transformers",
@@ -259,6 +264,24 @@ def record_isolation(rollout_mode: str, engine: str = "transformers",
         "rollout_engine": engine,
         "verifier": "the verifier's wall-clock limit can couple a reward to machine load",
     }
+
+
+def adapter_statement(model: ModelConfig, coordinates: int,
+                      init_sha256: str | None = None) -> dict[str, Any]:
+    """What the adapter trains, what stays frozen and where it started (the certificate's
+    ``adapter``): every coordinate of ``trainable_coordinates`` is noised every round."""
+    from dpgrpo.config import LORA_TRAIN
+
+    init = None if model.init_adapter is None else {
+        "path": model.init_adapter, "sha256": init_sha256,
+        "public_input": "a warm start is public input (assumption A1): it must have been "
+                        "trained without this run's private data; the guarantee covers what "
+                        "this run adds to it"}
+    return {"lora_train": model.lora_train, "trains": LORA_TRAIN[model.lora_train],
+            "trainable_coordinates": coordinates, "lora_rank": model.lora_rank,
+            "lora_bias": model.lora_bias, "target_modules": list(model.target_modules),
+            "lora_layers": None if model.lora_layers is None else list(model.lora_layers),
+            "init_adapter": init}
 
 
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
@@ -283,6 +306,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "rdp_epsilon": rdp, "rdp_order": order, "ledger": ledger.to_dict(),
         "seeded": run.seeded, "releasable": releasable, "noise": "secure" if run.noise.secure else "seeded",
         "noise_generator": GENERATOR, "trainable_coordinates": run.coordinates,
+        "adapter": adapter_statement(cfg.model, run.coordinates, run.init_adapter_sha256),
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
         "record_isolation": record_isolation(cfg.train.rollout_isolation,
