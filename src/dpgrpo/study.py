@@ -274,12 +274,6 @@ def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str,
             "holm_p": row.get("holm_p"), "a": row["accuracy_a"], "b": row["accuracy_b"]}
 
 
-def noise_to_signal(sigma: float, coordinates: int, expected_batch: float) -> float:
-    """Expected norm of the averaged noise over the largest averaged clipped signal:
-    ``sigma C sqrt(p) / (q n)`` divided by C (the paper's Appendix C-A puts MATH near 8)."""
-    return sigma * math.sqrt(coordinates) / expected_batch
-
-
 def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
     """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
     and certificate, or the reason it was refused."""
@@ -344,6 +338,7 @@ class _Study:
             table = {**table, "seeds": overrides["seeds"], "non_private_seeds": overrides["seeds"]}
             del overrides["seeds"]
         settings = StudySettings.from_table({**data.pop("study", {}), **overrides})
+        data.pop("tune", None)        # `dpgrpo tune`'s table (dpgrpo.experiments.tune)
         config = config_from_dict(data, source=str(config_path))
         out = Path(out_dir).resolve()
         return cls(config_path, out, settings, config,
