@@ -1,0 +1,198 @@
+"""OS-level isolation of every sandboxed process (the code verifier's outer layer).
+
+Each sandboxed interpreter runs in fresh user, mount, PID, network, IPC and UTS namespaces:
+
+* the root file system is an empty tmpfs, remounted read-only, holding only what the
+  interpreter needs: its executable, the shared libraries it and its extension modules link
+  (``ldd``), and its standard library with ``site-packages`` hidden under an empty tmpfs; no
+  ``/etc``, ``/home``, ``/root``, ``/proc``, no run directory, no dpgrpo;
+* the work directory ``/sandbox`` is a size-limited tmpfs that disappears with the namespace;
+* the network namespace has no interface but a loopback that is down;
+* the process is pid 2 of its own PID namespace (pid 1 is the launcher's reaper). The parent
+  kills pid 1 through a pidfd at the end and waits for it: the kernel kills and reaps every
+  other process of the namespace before pid 1 can be reaped, so when the verifier returns, no
+  process the completion started exists;
+* the process has no capabilities and a uid without a home.
+
+Launchers, in order of preference: bubblewrap (``bwrap``, Debian package ``bubblewrap``) and
+util-linux ``unshare`` (the same namespaces and mounts made by a small ``sh`` script before
+``pivot_root``). Each is probed once by starting an interpreter in it. Where neither works
+(unprivileged user namespaces disabled, no launcher installed), :func:`require_isolation`
+raises :class:`IsolationUnavailable` and the code tasks refuse to run rather than score
+completions unisolated. No seccomp or Landlock filter is applied: no well-kept library for
+them is importable by the interpreter that runs here (see docs/code-sandbox.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpgrpo.errors import ConfigError
+
+WORKDIR = "/sandbox"
+WORK_BYTES = 64 * 2**20   # the work tmpfs (each file is capped by RLIMIT_FSIZE as well)
+INSTALL_HINT = "apt-get install bubblewrap (Debian/Ubuntu), or allow unprivileged user namespaces"
+
+
+class IsolationUnavailable(ConfigError):
+    """Neither bubblewrap nor unshare can create the sandbox's namespaces on this machine."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the sandbox's root holds: the interpreter, its libraries, its standard library."""
+
+    interpreter: str
+    files: tuple[str, ...]        # read-only single files (the executable, shared libraries)
+    stdlib: str                   # read-only directory
+    hidden: tuple[str, ...]       # directories under stdlib masked by an empty tmpfs
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """One way to start a command in the namespaces; ``name`` is ``bwrap`` or ``unshare``."""
+
+    name: str
+    path: str
+
+    def command(self, layout: Layout, argv: list[str]) -> list[str]:
+        """The full command line running ``argv`` (inside paths) in fresh namespaces."""
+        if self.name == "bwrap":
+            return _bwrap(self.path, layout, argv)
+        return _unshare(self.path, layout, argv)
+
+
+@functools.lru_cache(maxsize=1)
+def layout() -> Layout:
+    """The base interpreter (never a venv's: a venv's site-packages must stay outside)."""
+    interpreter = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    dynload = os.path.join(stdlib, "lib-dynload")
+    objects = [interpreter]
+    if os.path.isdir(dynload):
+        objects += sorted(str(p) for p in Path(dynload).glob("*.so"))
+    files = {interpreter}
+    files.update(_shared_libraries(objects))
+    hidden = tuple(os.path.join(stdlib, name) for name in ("site-packages", "dist-packages")
+                   if os.path.isdir(os.path.join(stdlib, name)))
+    files = {f for f in files if not f.startswith(stdlib + os.sep)}
+    return Layout(interpreter, tuple(sorted(files)), stdlib, hidden)
+
+
+def _shared_libraries(objects: list[str]) -> set[str]:
+    """Every library ``ldd`` resolves for ``objects`` (both the path it names and the file it
+    points to), the dynamic loader included."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise IsolationUnavailable("the sandbox needs ldd (libc-bin) to find the interpreter's "
+                                   "shared libraries")
+    done = subprocess.run([ldd, *objects], capture_output=True, text=True, timeout=60)
+    found: set[str] = set()
+    for line in done.stdout.splitlines():
+        for word in line.split():
+            if word.startswith("/") and os.path.exists(word):
+                found.update({word, os.path.realpath(word)})
+    return found
+
+
+def _bwrap(path: str, lay: Layout, argv: list[str]) -> list[str]:
+    command = [path, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+               "--unshare-uts", "--unshare-cgroup-try", "--uid", "65534", "--gid", "65534",
+               "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
+               "--disable-userns", "--tmpfs", "/"]
+    for file in lay.files:
+        command += ["--ro-bind", file, file]
+    command += ["--ro-bind", lay.stdlib, lay.stdlib]
+    for hidden in lay.hidden:
+        command += ["--tmpfs", hidden, "--remount-ro", hidden]
+    command += ["--dev", "/dev", "--size", str(WORK_BYTES), "--tmpfs", WORKDIR,
+                "--remount-ro", "/", "--chdir", WORKDIR,
+                "--setenv", "HOME", WORKDIR, "--setenv", "TMPDIR", WORKDIR,
+                "--setenv", "LANG", "C.UTF-8", "--setenv", "PATH", "/nonexistent", *argv]
+    return command
+
+
+def _unshare(path: str, lay: Layout, argv: list[str]) -> list[str]:
+    """The same sandbox with util-linux: a script run as root of the new user namespace builds
+    the root on a tmpfs, pivots into it, remounts it read-only and starts ``argv`` as pid 2."""
+    quote = shlex.quote
+    lines = ["set -e", "R=$(mktemp -d)", "mount -t tmpfs -o mode=755 none \"$R\""]
+    for file in lay.files:
+        lines += [f"mkdir -p \"$R\"{quote(os.path.dirname(file))}",
+                  f": > \"$R\"{quote(file)}", f"mount --bind {quote(file)} \"$R\"{quote(file)}",
+                  f"mount -o remount,bind,ro \"$R\"{quote(file)}"]
+    lines += [f"mkdir -p \"$R\"{quote(lay.stdlib)}",
+              f"mount --rbind {quote(lay.stdlib)} \"$R\"{quote(lay.stdlib)}",
+              f"mount -o remount,bind,ro \"$R\"{quote(lay.stdlib)}"]
+    for hidden in lay.hidden:
+        lines += [f"mount -t tmpfs -o ro,size=4k none \"$R\"{quote(hidden)}"]
+    lines += ["mkdir -p \"$R\"/dev \"$R\"/old \"$R\"" + WORKDIR,
+              ": > \"$R\"/dev/null", "mount --bind /dev/null \"$R\"/dev/null",
+              f"mount -t tmpfs -o size={WORK_BYTES},nosuid,nodev none \"$R\"{WORKDIR}",
+              "cd \"$R\"", "pivot_root . old", "umount -l /old", "rmdir /old",
+              "mount -o remount,ro,bind /", f"cd {WORKDIR}",
+              "export HOME=" + WORKDIR + " TMPDIR=" + WORKDIR + " LANG=C.UTF-8",
+              " ".join(quote(a) for a in argv) + " & wait $!"]
+    return [path, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--kill-child",
+            "--net", "--ipc", "--uts", "/bin/sh", "-c", "\n".join(lines)]
+
+
+def _probe(launcher: Launcher) -> str | None:
+    """None if ``launcher`` starts the interpreter isolated here, else what went wrong."""
+    lay = layout()
+    code = ("import os, sys; assert os.getcwd() == %r; "
+            "assert not os.path.exists('/etc'); print('isolated')" % WORKDIR)
+    try:
+        command = launcher.command(lay, [lay.interpreter, "-I", "-S", "-B", "-c", code])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                              env={"PATH": os.defpath})
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"{type(err).__name__}: {err}"
+    if done.returncode == 0 and done.stdout.strip() == "isolated":
+        return None
+    return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+
+
+@functools.lru_cache(maxsize=1)
+def _chosen() -> tuple[Launcher | None, str]:
+    problems = []
+    for name in ("bwrap", "unshare"):
+        path = shutil.which(name, path=os.defpath + ":/usr/sbin:/sbin")
+        if path is None:
+            problems.append(f"{name}: not installed")
+            continue
+        launcher = Launcher(name, path)
+        try:
+            error = _probe(launcher)
+        except IsolationUnavailable as err:
+            return None, str(err)
+        if error is None:
+            return launcher, ""
+        problems.append(f"{name}: {error}")
+    return None, "; ".join(problems)
+
+
+def launcher() -> Launcher | None:
+    """The launcher that works here (probed once per process), or None."""
+    return _chosen()[0]
+
+
+def require_isolation() -> Launcher:
+    """The working launcher; :class:`IsolationUnavailable` naming why there is none."""
+    found, why = _chosen()
+    if found is None:
+        raise IsolationUnavailable(f"code tasks need OS-level isolation and none works here "
+                                   f"({why}); {INSTALL_HINT}")
+    return found
+
+
+__all__ = ["INSTALL_HINT", "IsolationUnavailable", "Launcher", "Layout", "WORKDIR",
+           "launcher", "layout", "require_isolation"]
