@@ -122,25 +122,27 @@ def _bwrap(path: str, lay: Layout, argv: list[str]) -> list[str]:
 
 def _unshare(path: str, lay: Layout, argv: list[str]) -> list[str]:
     """The same sandbox with util-linux: a script run as root of the new user namespace builds
-    the root on a tmpfs, pivots into it, remounts it read-only and starts ``argv`` as pid 2."""
+    the root on a tmpfs, pivots into it, remounts it read-only and starts ``argv`` as pid 2.
+    It binds the directories of the libraries (one ``mount`` each), not every file as bubblewrap
+    does, so the system's library directories are visible read-only."""
     quote = shlex.quote
-    lines = ["set -e", "R=$(mktemp -d)", "mount -t tmpfs -o mode=755 none \"$R\""]
-    for file in lay.files:
-        lines += [f"mkdir -p \"$R\"{quote(os.path.dirname(file))}",
-                  f": > \"$R\"{quote(file)}", f"mount --bind {quote(file)} \"$R\"{quote(file)}",
-                  f"mount -o remount,bind,ro \"$R\"{quote(file)}"]
-    lines += [f"mkdir -p \"$R\"{quote(lay.stdlib)}",
-              f"mount --rbind {quote(lay.stdlib)} \"$R\"{quote(lay.stdlib)}",
-              f"mount -o remount,bind,ro \"$R\"{quote(lay.stdlib)}"]
+    folders = sorted({os.path.dirname(f) for f in lay.files} | {lay.stdlib})
+    lines = ["set -e", "export PATH=/usr/sbin:/usr/bin:/sbin:/bin", "R=$(mktemp -d)",
+             "mount -t tmpfs -o mode=755 none \"$R\""]
+    for folder in folders:
+        lines += [f"mkdir -p \"$R\"{quote(folder)}",
+                  f"mount -o rbind,ro {quote(folder)} \"$R\"{quote(folder)}"]
     for hidden in lay.hidden:
         lines += [f"mount -t tmpfs -o ro,size=4k none \"$R\"{quote(hidden)}"]
-    lines += ["mkdir -p \"$R\"/dev \"$R\"/old \"$R\"" + WORKDIR,
-              ": > \"$R\"/dev/null", "mount --bind /dev/null \"$R\"/dev/null",
+    lines += ["M=$(command -v mount) U=$(command -v umount) P=$(command -v pivot_root)",
+              "mkdir -p \"$R\"/dev \"$R\"/old \"$R\"/proc \"$R\"" + WORKDIR,
+              ": > \"$R\"/dev/null", "mount -o bind /dev/null \"$R\"/dev/null",
               f"mount -t tmpfs -o size={WORK_BYTES},nosuid,nodev none \"$R\"{WORKDIR}",
-              "cd \"$R\"", "pivot_root . old", "umount -l /old", "rmdir /old",
-              "mount -o remount,ro,bind /", f"cd {WORKDIR}",
-              "export HOME=" + WORKDIR + " TMPDIR=" + WORKDIR + " LANG=C.UTF-8",
-              " ".join(quote(a) for a in argv) + " & wait $!"]
+              "cd \"$R\"", "$P . old", "/old$M -t proc proc /proc",  # umount reads mountinfo
+              "/old$M -o remount,ro,bind /", "/old$U -l /old /proc",
+              f"cd {WORKDIR}",
+              "export HOME=" + WORKDIR + " TMPDIR=" + WORKDIR + " LANG=C.UTF-8 PATH=/nonexistent",
+              " ".join(quote(a) for a in argv) + "; exit $?"]  # not exec'd: sh stays pid 1
     return [path, "--user", "--map-root-user", "--mount", "--pid", "--fork", "--kill-child",
             "--net", "--ipc", "--uts", "/bin/sh", "-c", "\n".join(lines)]
 

@@ -29,6 +29,7 @@ import ast
 import json
 import math
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -118,7 +119,9 @@ class _Jail:
     def __init__(self, found: Launcher, script: str, payload: dict, output: Path,
                  fds: tuple[int, ...]) -> None:
         lay = layout()
-        argv = [lay.interpreter, "-I", "-S", "-B", "-c", _code(script)]
+        # the last argument names this run in ps (and lets tests find any leftover process)
+        argv = [lay.interpreter, "-I", "-S", "-B", "-c", _code(script),
+                f"dpgrpo-sandbox-{secrets.token_hex(8)}"]
         self.output = output
         with open(output, "wb") as out:
             self.proc = subprocess.Popen(found.command(lay, argv), stdin=subprocess.PIPE,
