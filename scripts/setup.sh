@@ -6,6 +6,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The code tasks' verifier needs OS isolation (docs/code-sandbox.md): bubblewrap, else
+# util-linux unshare. Install bubblewrap where it is missing and apt-get can (root); never
+# fail here: without it the code tasks refuse to run and their tests skip with the reason.
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ]; then
+  (apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+   || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }) \
+   || echo "setup.sh: could not install bubblewrap; code tasks fall back to unshare or refuse" >&2
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
