@@ -14,6 +14,7 @@ the OS layer stands between it and the machine.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -104,15 +105,16 @@ HOSTILE = {
                             "'create table t (x)')\nWON = os.path.exists('{outside}')\n" + WIN,
     "_posixsubprocess renamed": (
         "import importlib.util, os, sys, glob\n"
-        "path = [p for d in sys.path if d for p in glob.glob(d + '/_posixsubprocess*.so')][0]\n"
-        "spec = importlib.util.spec_from_file_location('ps', path)\n"
+        "path = glob.glob(os.path.dirname(os.__file__) + '/lib-dynload/_posixsubprocess*.so')[0]\n"
+        "spec = importlib.util.spec_from_file_location('ok._posixsubprocess', path)\n"
         "ps = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(ps)\n"
         "code = 'import time, os\\nfor i in range(50):\\n    open(\"{outside}\", \"w\")\\n    "
         "time.sleep(0.1)'\n"
         "args = [sys.executable, '-c', code, '{token}']\n"
         "r, w = os.pipe()\n"
         "ps.fork_exec(args, [os.fsencode(sys.executable)], True, (), None, None, -1, -1, -1, -1,"
-        " -1, -1, r, w, True, True, -1, None, None, None, -1, None, False)\nWON = True\n" + WIN),
+        " -1, -1, r, w, True, True, -1, None, None, None, -1, None, False)\n"
+        "import time\ntime.sleep(0.3)\nWON = os.path.exists('{outside}')\n" + WIN),
     "thread outlives the answers": (
         "import threading, time\n"
         "def stay():\n    for i in range(100):\n        try:\n            open('{outside}', 'w')\n"
@@ -171,6 +173,13 @@ def _build(dest: Path, outside: Path, canary: Path, victim: int) -> str:
                     f'-DCANARY="{canary}"', f"-DVICTIM={victim}", "-o", str(out), str(source)],
                    check=True, capture_output=True)
     return out.read_bytes().hex()
+
+
+def _runs(scene: dict) -> list[str]:
+    """The marker argument of every sandboxed process the test started (bubblewrap passes it
+    as an argument, the unshare script inside its text)."""
+    return [m for command in scene["started"] for arg in command
+            for m in re.findall(r"dpgrpo-sandbox-[0-9a-f]{16}", arg)]
 
 
 def _pids_with(words: list[str]) -> list[int]:
@@ -247,8 +256,7 @@ def test_a_hostile_completion_scores_zero_and_leaves_nothing(name, tests, scene,
         "config.json", "journal.jsonl", "recovery"]
     assert not (scene["dir"].parent / "escaped").exists()
     assert scene["victim"].poll() is None, "the victim process was killed"
-    runs = [arg for command in scene["started"] for arg in command
-            if arg.startswith("dpgrpo-sandbox-")]
+    runs = _runs(scene)
     assert runs and _pids_with([*runs, scene["token"]]) == [], "a process of the run survived"
 
 
@@ -278,5 +286,41 @@ def test_no_process_of_the_run_exists_when_the_verifier_returns(tests, scene):
     result = run_tests("import time\ndef f(x):\n    time.sleep(10)\n", tests,
                        SandboxLimits(timeout_s=1.0))
     assert result.status == "timeout"
-    runs = [a for c in scene["started"] for a in c if a.startswith("dpgrpo-sandbox-")]
+    runs = _runs(scene)
     assert len(runs) == (1 if tests == LITERAL else 2) and _pids_with(runs) == []
+
+
+PAST_THE_PYTHON_LAYER = ["native daemon", "native daemon outlives a timeout",
+                         "_posixsubprocess renamed", "thread outlives the answers",
+                         "pidfd kill the victim", "pidfd kill the parent", "os.stat anywhere",
+                         "exists anywhere", "sqlite3 file outside", "deep symlink chain"]
+
+
+def _variants() -> list:
+    """The namespaces without the seccomp filter: bubblewrap alone, and the unshare fallback."""
+    from dpgrpo.tasks.isolation import Launcher, _probe
+
+    found = []
+    for name in ("bwrap", "unshare"):
+        path = shutil.which(name, path=os.defpath + ":/usr/sbin:/sbin")
+        if path is not None and _probe(Launcher(name, path)) is None:
+            found.append(pytest.param(Launcher(name, path), id=f"{name}-no-seccomp"))
+    return found or [pytest.param(None, marks=pytest.mark.skip(reason="no launcher works"))]
+
+
+@pytest.mark.parametrize("variant", _variants())
+@pytest.mark.parametrize("name", PAST_THE_PYTHON_LAYER)
+def test_the_namespaces_alone_contain_what_gets_past_the_python_layer(name, variant, scene,
+                                                                     native_ext, monkeypatch):
+    """The attacks that bypass the audit hook, with no seccomp filter either: the namespaces by
+    themselves keep the score at 0 and the machine untouched."""
+    monkeypatch.setattr(sandbox, "require_isolation", lambda: variant)
+    program = _program(name, scene, native_ext)
+    result = run_tests(program, LITERAL, LIMITS)
+    assert not result.passed, (result.status, result.output)
+    for path, content in scene["before"].items():
+        assert path.read_bytes() == content, f"{path.name} changed"
+    assert sorted(p.name for p in scene["dir"].iterdir()) == ["canary", "run"]
+    assert scene["victim"].poll() is None, "the victim process was killed"
+    runs = _runs(scene)
+    assert runs and _pids_with([*runs, scene["token"]]) == [], "a process of the run survived"

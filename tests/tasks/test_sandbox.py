@@ -189,3 +189,27 @@ def test_each_launcher_builds_the_same_sandbox(name, monkeypatch):
     if name == "unshare":  # the empty mount point umount needed; nothing is mounted there
         seen.remove("/proc")
     assert seen[1:] == [iso.WORKDIR, "refused /x.db", f"refused {prefix}/lib/x.db", "wrote ok.db"]
+
+
+@isolated
+def test_with_seccomp_the_kernel_refuses_threads_and_processes():
+    """Threads raise no audit event in CPython 3.11 and a renamed ``_posixsubprocess`` slips
+    past the hook's module list: the seccomp filter refuses both (clone: EPERM)."""
+    found = iso.launcher()
+    if found.seccomp is None:
+        pytest.skip(f"no seccomp filter here: {iso.seccomp_filter()[1]}")
+    program = (
+        "import threading, importlib.util, glob, os, sys\n"
+        "def f(x):\n    out = []\n"
+        "    try:\n        threading.Thread(target=print).start()\n        out.append('thread')\n"
+        "    except RuntimeError:\n        out.append('no thread')\n"
+        "    path = glob.glob(os.path.dirname(os.__file__) + '/lib-dynload/_posixsubprocess*.so')[0]\n"
+        "    spec = importlib.util.spec_from_file_location('ok._posixsubprocess', path)\n"
+        "    ps = importlib.util.module_from_spec(spec)\n    spec.loader.exec_module(ps)\n"
+        "    r, w = os.pipe()\n"
+        "    try:\n        ps.fork_exec([sys.executable], [os.fsencode(sys.executable)], True, (),"
+        " None, None, -1, -1, -1, -1, -1, -1, r, w, True, True, -1, None, None, None, -1, None,"
+        " False)\n        out.append('process')\n"
+        "    except OSError as err:\n        out.append(err.errno)\n    return out\n")
+    result = run_tests(program, "def check(candidate):\n    assert candidate(0) == 0\n\ncheck(f)\n")
+    assert "returned ['no thread', 1]" in result.output, result.output

@@ -19,12 +19,18 @@ util-linux ``unshare`` (the same namespaces and mounts made by a small ``sh`` sc
 ``pivot_root``). Each is probed once by starting an interpreter in it. Where neither works
 (unprivileged user namespaces disabled, no launcher installed), :func:`require_isolation`
 raises :class:`IsolationUnavailable` and the code tasks refuse to run rather than score
-completions unisolated. No seccomp or Landlock filter is applied: no well-kept library for
-them is importable by the interpreter that runs here (see docs/code-sandbox.md).
+completions unisolated.
+
+With bubblewrap, a seccomp filter compiled by libseccomp (``_seccomp_filter.py``, run once by
+a system python3 that has its binding) refuses new processes and threads, sockets, tracing,
+mounts, namespaces and other kernel surface; where no such python3 exists the namespaces run
+without it (:func:`seccomp_filter` says why). No Landlock rules: no well-kept library offers
+them to this interpreter (docs/code-sandbox.md).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shlex
@@ -32,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,27 +65,53 @@ class Layout:
 
 @dataclass(frozen=True)
 class Launcher:
-    """One way to start a command in the namespaces; ``name`` is ``bwrap`` or ``unshare``."""
+    """One way to start a command in the namespaces; ``name`` is ``bwrap`` or ``unshare``;
+    ``seccomp`` the BPF program bubblewrap loads (:func:`seccomp_filter`), None for none."""
 
     name: str
     path: str
+    seccomp: str | None = None
 
-    def command(self, layout: Layout, argv: list[str]) -> list[str]:
-        """The full command line running ``argv`` (inside paths) in fresh namespaces."""
+    def command(self, layout: Layout, argv: list[str],
+                seccomp_fd: int | None = None) -> list[str]:
+        """The full command line running ``argv`` (inside paths) in fresh namespaces;
+        ``seccomp_fd`` an open descriptor of :attr:`seccomp` (bubblewrap reads it)."""
         if self.name == "bwrap":
-            return _bwrap(self.path, layout, argv)
+            return _bwrap(self.path, layout, argv, seccomp_fd)
         return _unshare(self.path, layout, argv)
+
+    def popen(self, layout: Layout, argv: list[str], pass_fds: tuple[int, ...] = (),
+              **kwargs) -> subprocess.Popen:
+        """Start ``argv`` in the sandbox (``kwargs`` go to :class:`subprocess.Popen`)."""
+        seccomp_fd = None if self.seccomp is None else os.open(self.seccomp, os.O_RDONLY)
+        extra = () if seccomp_fd is None else (seccomp_fd,)
+        try:
+            return subprocess.Popen(self.command(layout, argv, seccomp_fd),
+                                    pass_fds=(*pass_fds, *extra), **kwargs)
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+
+
+#: Extension modules whose libraries are not bound (so they fail to import in the sandbox):
+#: GUI, terminal, TLS and database front ends a verifier never needs, and ctypes. Each one
+#: would add its libraries to every run's mounts (tkinter alone brings 15).
+UNBOUND_EXTENSIONS = ("_tkinter", "readline", "_curses", "_curses_panel", "nis", "_ssl",
+                      "_hashlib", "_dbm", "_gdbm", "_ctypes", "_ctypes_test")
 
 
 @functools.lru_cache(maxsize=1)
 def layout() -> Layout:
-    """The base interpreter (never a venv's: a venv's site-packages must stay outside)."""
+    """The base interpreter (never a venv's: a venv's site-packages must stay outside), the
+    libraries it and its extension modules link (but :data:`UNBOUND_EXTENSIONS`' own), and
+    its standard library. ``hashlib`` falls back to the builtin ``_md5``/``_sha*`` modules."""
     interpreter = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
     stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
     dynload = os.path.join(stdlib, "lib-dynload")
     objects = [interpreter]
     if os.path.isdir(dynload):
-        objects += sorted(str(p) for p in Path(dynload).glob("*.so"))
+        objects += sorted(str(p) for p in Path(dynload).glob("*.so")
+                          if p.name.split(".")[0] not in UNBOUND_EXTENSIONS)
     files = {interpreter}
     files.update(_shared_libraries(objects))
     hidden = tuple(os.path.join(stdlib, name) for name in ("site-packages", "dist-packages")
@@ -88,8 +121,8 @@ def layout() -> Layout:
 
 
 def _shared_libraries(objects: list[str]) -> set[str]:
-    """Every library ``ldd`` resolves for ``objects`` (both the path it names and the file it
-    points to), the dynamic loader included."""
+    """Every library ``ldd`` resolves for ``objects`` at the path it names (the dynamic loader
+    opens that path), the dynamic loader included."""
     ldd = shutil.which("ldd")
     if ldd is None:
         raise IsolationUnavailable("the sandbox needs ldd (libc-bin) to find the interpreter's "
@@ -99,12 +132,12 @@ def _shared_libraries(objects: list[str]) -> set[str]:
     for line in done.stdout.splitlines():
         for word in line.split():
             if word.startswith("/") and os.path.exists(word):
-                found.update({word, os.path.realpath(word)})
+                found.add(word)
     return found
 
 
-def _bwrap(path: str, lay: Layout, argv: list[str]) -> list[str]:
-    command = [path, "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+def _bwrap(path: str, lay: Layout, argv: list[str], seccomp_fd: int | None) -> list[str]:
+    command = [path, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--uid", "65534", "--gid", "65534",
                "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
                "--disable-userns", "--tmpfs", "/"]
@@ -153,11 +186,13 @@ def _probe(launcher: Launcher) -> str | None:
     code = ("import os, sys; assert os.getcwd() == %r; "
             "assert not os.path.exists('/etc'); print('isolated')" % WORKDIR)
     try:
-        command = launcher.command(lay, [lay.interpreter, "-I", "-S", "-B", "-c", code])
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30,
-                              env={"PATH": os.defpath})
+        with launcher.popen(lay, [lay.interpreter, "-I", "-S", "-B", "-c", code],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": os.defpath}) as proc:
+            stdout, stderr = proc.communicate(timeout=30)
     except (OSError, subprocess.SubprocessError) as err:
         return f"{type(err).__name__}: {err}"
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode == 0 and done.stdout.strip() == "isolated":
         return None
     return (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
@@ -171,15 +206,37 @@ def _chosen() -> tuple[Launcher | None, str]:
         if path is None:
             problems.append(f"{name}: not installed")
             continue
-        launcher = Launcher(name, path)
-        try:
-            error = _probe(launcher)
-        except IsolationUnavailable as err:
-            return None, str(err)
-        if error is None:
-            return launcher, ""
-        problems.append(f"{name}: {error}")
+        filtered = seccomp_filter()[0] if name == "bwrap" else None
+        for launcher in dict.fromkeys((Launcher(name, path, filtered), Launcher(name, path))):
+            try:
+                error = _probe(launcher)
+            except IsolationUnavailable as err:
+                return None, str(err)
+            if error is None:
+                return launcher, ""
+            problems.append(f"{name}{' with seccomp' if launcher.seccomp else ''}: {error}")
     return None, "; ".join(problems)
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_filter() -> tuple[str | None, str]:
+    """(path of the BPF program written by ``_seccomp_filter.py``, "") or (None, why none):
+    it needs a python3 with libseccomp's binding (Debian: ``python3-seccomp``)."""
+    script = Path(__file__).with_name("_seccomp_filter.py")
+    pythons = dict.fromkeys(p for p in ("/usr/bin/python3", shutil.which("python3")) if p)
+    for python in pythons:
+        folder = tempfile.mkdtemp(prefix="dpgrpo-seccomp-")
+        out = os.path.join(folder, "filter.bpf")
+        try:
+            done = subprocess.run([python, "-I", str(script), out], capture_output=True,
+                                  timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            done = None
+        if done is not None and done.returncode == 0 and os.path.getsize(out) > 0:
+            atexit.register(shutil.rmtree, folder, True)
+            return out, ""
+        shutil.rmtree(folder, ignore_errors=True)
+    return None, "no python3 with libseccomp's binding here (apt-get install python3-seccomp)"
 
 
 def launcher() -> Launcher | None:
@@ -197,4 +254,4 @@ def require_isolation() -> Launcher:
 
 
 __all__ = ["INSTALL_HINT", "IsolationUnavailable", "Launcher", "Layout", "WORKDIR",
-           "launcher", "layout", "require_isolation"]
+           "launcher", "layout", "require_isolation", "seccomp_filter"]

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from dpgrpo.tasks import _sandbox_wire as wire
 from dpgrpo.tasks.isolation import (WORKDIR, IsolationUnavailable, Launcher, launcher, layout,
-                                    require_isolation)
+                                    require_isolation, seccomp_filter)
 from dpgrpo.tasks.testplan import Call, call_plan, remote_names
 
 _HERE = Path(__file__).parent
@@ -95,8 +95,12 @@ def isolation(limits: SandboxLimits = SandboxLimits()) -> dict[str, str]:
         "files": f"read-only root with the interpreter and its stdlib only; tmpfs {WORKDIR}; "
                  "audit hook on reads and writes; RLIMIT_FSIZE",
         "network": "empty network namespace; audit hook on sockets",
-        "processes": "PID namespace killed at the end; audit hook on fork, exec, threads; "
+        "processes": "PID namespace killed at the end; audit hook on fork, exec; "
                      "RLIMIT_NPROC = 0 (not enforced where the host uid is root)",
+        "seccomp": (f"libseccomp filter ({found.seccomp}): no processes, threads, sockets, "
+                    "tracing, mounts, namespaces" if found and found.seccomp else
+                    "none: " + (seccomp_filter()[1] if found and found.name == "bwrap"
+                                else "only with bubblewrap")),
         "verdict": "outside the completion's process (trusted parent or a tests process)",
         "memory": f"RLIMIT_AS = {limits.memory_bytes} bytes",
         "time": f"{limits.timeout_s:g} s wall clock, RLIMIT_CPU = {_cpu_seconds(limits)} s",
@@ -124,10 +128,9 @@ class _Jail:
                 f"dpgrpo-sandbox-{secrets.token_hex(8)}"]
         self.output = output
         with open(output, "wb") as out:
-            self.proc = subprocess.Popen(found.command(lay, argv), stdin=subprocess.PIPE,
-                                         stdout=out, stderr=subprocess.STDOUT, pass_fds=fds,
-                                         start_new_session=True, env={"PATH": os.defpath},
-                                         cwd=output.parent)
+            self.proc = found.popen(lay, argv, fds, stdin=subprocess.PIPE, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={"PATH": os.defpath}, cwd=output.parent)
         try:
             self.proc.stdin.write(json.dumps(payload).encode())  # read whole before anything
             self.proc.stdin.close()
