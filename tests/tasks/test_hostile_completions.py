@@ -32,7 +32,8 @@ pytestmark = pytest.mark.skipif(
 
 LIMITS = SandboxLimits(timeout_s=1.5)
 LITERAL = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(5) == 10\n\ncheck(f)\n"
-LOOPED = "def check(candidate):\n    for x in (2, 5):\n        assert candidate(x) == 2 * x\n\ncheck(f)\n"
+LOOPED = ("def check(candidate):\n    for x in (2, 5):\n        assert abs(candidate(x) - 2 * x) < 1e-9"
+          "\n\ncheck(f)\n")
 WIN = "def f(x):\n    return 2 * x if WON else 0\n"  # right only if the attack worked
 EQ_ALL = "class A:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
 SECRET = "canary-secret"
@@ -155,6 +156,8 @@ HOSTILE = {
         "def f(x):\n    return 0\n"),
     "forged pass event": "import sys\nsys.audit('dpgrpo.passed')\ndef f(x):\n    return x\n",
     "raise instead of returning": "def f(x):\n    raise AssertionError('fine')\n",
+    "shadow the tests' builtins": "def abs(x):\n    return 0\ndef len(x):\n    return 0\n"
+                                  "def f(x):\n    return 0\n",
 }
 
 

@@ -70,9 +70,10 @@ def test_literal_checks_become_a_call_plan_and_other_tests_do_not():
 def test_the_tests_process_keeps_the_question_helpers_and_reaches_the_rest():
     question = ("import math\ndef helper(x):\n    return x + 1\n\n"
                 "def f(x):\n    \"\"\"Stub.\"\"\"\n")
-    program = question + "\ndef f(x):\n    return helper(x)\nimport os as extra\nK = 3\n"
-    assert remote_names(program, question) == ["K", "extra", "f"]
-    assert remote_names(GOOD, "") == ["f"]
+    program = (question + "\ndef f(x):\n    return helper(x)\nimport os as extra\nK = 3\n"
+               "def abs(x):\n    return 0\n")
+    assert remote_names(program, question) == ["f"]  # only the stub the completion writes
+    assert remote_names(GOOD + "def abs(x):\n    return 0\nK = 1\n", "") == ["K", "f"]
 
 
 @isolated
@@ -102,6 +103,11 @@ def test_the_tests_process_sees_helpers_exceptions_and_tuples():
     assert run_tests(program, tests, question=question).passed
     cheat = question + "\ndef helper(x):\n    return 0\ndef f(x):\n    return (0, [x])\n"
     assert not run_tests(cheat, tests, question=question).passed  # the helper stays trusted
+    tolerant = "def check(candidate):\n    assert abs(candidate(3) - 6.5) < 1e-9\n\ncheck(f)\n"
+    assert run_tests(question + "\ndef f(x):\n    return x * 2 + 0.5\n", tolerant,
+                     question=question).passed
+    shadow = question + "\ndef abs(x):\n    return 0\ndef f(x):\n    return 0\n"
+    assert not run_tests(shadow, tolerant, question=question).passed  # builtins stay trusted
 
 
 @isolated

@@ -137,7 +137,9 @@ def _shared_libraries(objects: list[str]) -> set[str]:
 
 
 def _bwrap(path: str, lay: Layout, argv: list[str], seccomp_fd: int | None) -> list[str]:
-    command = [path, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []), "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+    """bubblewrap's command line (as root it still makes the user namespace, uid 65534)."""
+    command = [path, *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else []),
+               "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
                "--unshare-uts", "--unshare-cgroup-try", "--uid", "65534", "--gid", "65534",
                "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
                "--disable-userns", "--tmpfs", "/"]

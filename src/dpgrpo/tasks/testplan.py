@@ -19,6 +19,7 @@ ways:
 from __future__ import annotations
 
 import ast
+import builtins
 from dataclasses import dataclass
 
 
@@ -113,16 +114,21 @@ def _literal(node: ast.expr) -> tuple[bool, object]:
 
 
 def remote_names(program: str, question: str) -> list[str]:
-    """The names the tests must reach in the completion's process: every top-level name the
-    program binds, except those the question itself defines with a body (its helpers and
-    imports stay trusted, run by the tests runner from the question's text)."""
+    """The names the tests reach in the completion's process: the functions the question
+    leaves for the completion to write (its stubs). Every other name the tests use resolves in
+    the tests process, from the question's own text or the builtins, so a completion that
+    defines ``abs``, ``len`` or a helper of the question cannot change what the tests compute.
+    Without stubs (a bare ``run_tests``), every top-level name of the program but builtins and
+    the question's own names."""
     own = _bound(ast.parse(program))
     try:
         trusted = ast.parse(question)
     except (SyntaxError, ValueError):
-        return sorted(own)
-    helpers = _bound(trusted) - {n.name for n in trusted.body if _is_stub(n)}
-    return sorted(own - helpers)
+        trusted = ast.parse("")
+    stubs = {n.name for n in trusted.body if _is_stub(n)}
+    if stubs:
+        return sorted(stubs & own)
+    return sorted(own - _bound(trusted) - set(dir(builtins)))
 
 
 def _bound(module: ast.Module) -> set[str]:
