@@ -7,7 +7,8 @@
   on a read-only root holding only the interpreter and its standard library, with a tmpfs work
   directory; when :func:`run_tests` returns, the namespace and every process in it are gone.
   Where no launcher works, :func:`run_tests` raises :class:`IsolationUnavailable` (a
-  ConfigError) instead of running unisolated;
+  ConfigError) instead of running unisolated. Under bubblewrap a libseccomp filter refuses new processes, threads, sockets, mounts and
+  namespaces (:func:`dpgrpo.tasks.isolation.seccomp_filter`);
 * **the Python layer** in that process (``_sandbox_child.py``): rlimits and an audit hook that
   ends it at the first forbidden action (exit 97).
 
@@ -16,8 +17,9 @@ The verdict is never computed by the completion's process: it receives the calls
 (``_sandbox_wire.py``). Literal checks (:func:`dpgrpo.tasks.testplan.call_plan`) are compared
 here, in the trusted parent; other tests run in a second sandboxed process
 (``_sandbox_tests.py``) that holds the problem's ``question`` and reaches the completion only
-through proxies. Objects equal to everything, frame inspection and a patched harness therefore
-gain nothing: the expected values never enter the completion's process.
+through proxies of the question's stubs. Objects equal to everything, frame inspection and a
+patched harness therefore gain nothing: the expected values never enter the completion's
+process, and its other names (a redefined ``abs``, a helper) never reach the tests.
 
 Every failure of the completion is a failed verdict, never an exception: syntax errors,
 exceptions, timeouts, memory, output, crashes, forbidden actions, a sandbox that did not start.
@@ -149,9 +151,10 @@ class _Jail:
         """SIGKILL the namespace's pid 1 and reap the launcher, which reaps pid 1 only after the
         kernel has killed every other process of the namespace."""
         if self.proc.poll() is None:
-            for pid in _children(self.proc.pid):
+            children = _children(self.proc.pid)
+            for pid in children:
                 _kill_child(pid, self.proc.pid)
-            if not self.wait(5):
+            if not children or not self.wait(5):  # not started yet: its own death kills it
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
