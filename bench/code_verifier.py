@@ -5,7 +5,8 @@ its own namespaces that answers the tests' calls; the verdict is computed in thi
 literal checks, in a second sandboxed process for the other tests (docs/code-sandbox.md).
 Measured on the problems' canonical solutions (the gold targets: every test passes, the
 slowest case) and on completions that fail at once (the bare prompt), with 1 and with
-``--workers`` verifications in flight (threads: each waits on its own children), for HumanEval (164 problems) and the embedded ``code`` task (200):
+``--workers`` verifications in flight (threads: each waits on its own children), for
+HumanEval (164 problems) and the embedded ``code`` task (200):
 
   tests per second = verified completions / wall seconds
 
