@@ -5,14 +5,16 @@ Each sandboxed interpreter runs in fresh user, mount, PID, network, IPC and UTS 
 * the root file system is an empty tmpfs, remounted read-only, holding only what the
   interpreter needs: its executable, the shared libraries it and its extension modules link
   (``ldd``), and its standard library with ``site-packages`` hidden under an empty tmpfs; no
-  ``/etc``, ``/home``, ``/root``, ``/proc``, no run directory, no dpgrpo;
+  ``/etc``, ``/home``, ``/proc`` (the unshare script leaves an empty mount point), no run
+  directory, no dpgrpo;
 * the work directory ``/sandbox`` is a size-limited tmpfs that disappears with the namespace;
-* the network namespace has no interface but a loopback that is down;
-* the process is pid 2 of its own PID namespace (pid 1 is the launcher's reaper). The parent
-  kills pid 1 through a pidfd at the end and waits for it: the kernel kills and reaps every
-  other process of the namespace before pid 1 can be reaped, so when the verifier returns, no
-  process the completion started exists;
-* the process has no capabilities and a uid without a home.
+* the network namespace has no interface but its own loopback;
+* the interpreter is a child of pid 1 of its own PID namespace (the launcher's reaper). If it
+  is still running at the end the parent kills pid 1 through a pidfd and reaps the launcher,
+  which reaps pid 1: the kernel kills every other process of a namespace before its pid 1 can
+  be reaped, so when the verifier returns, no process the completion started exists;
+* under bubblewrap the process has no capabilities and uid 65534; under ``unshare`` it is root
+  of its own user namespace (capabilities there only).
 
 Launchers, in order of preference: bubblewrap (``bwrap``, Debian package ``bubblewrap``) and
 util-linux ``unshare`` (the same namespaces and mounts made by a small ``sh`` script before
@@ -234,7 +236,8 @@ def seccomp_filter() -> tuple[str | None, str]:
                                   timeout=60)
         except (OSError, subprocess.SubprocessError):
             done = None
-        if done is not None and done.returncode == 0 and os.path.getsize(out) > 0:
+        if (done is not None and done.returncode == 0 and os.path.exists(out)
+                and os.path.getsize(out) > 0):
             atexit.register(shutil.rmtree, folder, True)
             return out, ""
         shutil.rmtree(folder, ignore_errors=True)
