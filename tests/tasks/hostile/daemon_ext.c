@@ -1,8 +1,7 @@
 /* A "C extension" a hostile completion writes into the sandbox and imports: its constructor
  * runs at dlopen, before any Python-level check, and forks a daemon that tries to outlive the
  * verifier, kill the victim process and write outside the sandbox. Built by the test suite
- * (gcc); the paths and the victim pid are passed in the environment of the build, baked in as
- * macros. */
+ * with gcc; the paths (OUTSIDE, CANARY) and the victim's pid (VICTIM) are -D macros. */
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
