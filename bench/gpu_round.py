@@ -193,6 +193,7 @@ def main() -> None:
     from dpgrpo.grads import per_prompt_grads
     from dpgrpo.model import LoraSettings, attach_lora, enable_gradient_checkpointing
     from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
+    from dpgrpo.objectives.logprobs import shared_prompt_end
     from dpgrpo.privacy.mechanism import privatize
     from dpgrpo.privacy.noise import NoiseSource
 
@@ -228,6 +229,8 @@ def main() -> None:
         ro.num_prompts))
     ref = phases.run("reference_pass", lambda: reference_logprobs(model, ro_dev, batch_size=rows))
     batch = build_grpo_batch(ro_dev, rewards.to(args.device), ref_logprobs=ref)
+    ids, attn, mask, _ = batch.window(slice(0, min(rows, args.group)))
+    shared_end = shared_prompt_end(ids, attn, mask.bool(), min(rows, args.group))
     grads = phases.run("per_prompt_grads", lambda: per_prompt_grads(
         model, GRPOObjective(beta=0.04), batch, method=args.grad_method, rows_per_pass=rows))
     update = phases.run("mechanism", lambda: privatize(
@@ -251,6 +254,9 @@ def main() -> None:
         "row_length": int(ro.input_ids.shape[1]), "tokens": int(ro.attention_mask.sum()),
         "rollout_rows_per_call": args.rollout_rows, "rows_per_pass": rows,
         "grad_method": args.grad_method, "gradient_checkpointing": args.checkpointing,
+        # the first pass's prompt runs once for its rows (0: every row ran whole)
+        "prompt_sharing": bool(shared_end) and not args.checkpointing,
+        "shared_prompt_columns": shared_end,
         "synthetic_rollouts": args.synthetic_rollouts, **rollout_info,
         "lora_params": sum(p.numel() for p in params.values()),
         "seconds": phases.seconds, "round_seconds": sum(phases.seconds[k] for k in train_phases),
