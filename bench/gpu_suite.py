@@ -13,7 +13,8 @@ hang in one is recorded as that part's error and the next part still runs), in t
   new tokens forced to full length, random-weight Qwen2.5-1.5B-Instruct, bf16, rank-4 LoRA,
   dropout 0.05), rollouts replayed from CUDA graphs in calls of 1,024 rows, each prompt's pass
   shared by its G completions: seconds and peak memory per phase. The per-phase lines it
-  prints as it goes are kept even if the part runs out of time.
+  prints as it goes are kept even if the part runs out of time. Then (``hooks_ab``) the
+  per-prompt gradients of 16 prompts with the LoRA hooks before and after issue 29, alternating.
 * ``step_overhead``: ``bench/step_overhead.py`` on the same architecture (bf16, dropout 0.05):
   the DP fast path's time and peak memory over one non-private update on the same batch.
 * ``isolation``: ``bench/isolation.py`` in bf16 and fp32: isolated rollouts and each prompt's
@@ -77,7 +78,8 @@ def parts(dry_run: bool, out: Path) -> list[Part]:
             Part("paper_round", (py, "bench/gpu_round.py", "--arch", "tiny", "--device", "cpu",
                                  "--prompts", "2", "--group", "2", "--cap", "6",
                                  "--prompt-len", "12", "--rollout-rows", "4",
-                                 "--max-tokens-per-pass", "12", "--static", "--json"), 120),
+                                 "--max-tokens-per-pass", "12", "--static", "--hooks-ab", "2",
+                                 "--json"), 120),
             Part("step_overhead", (py, "bench/step_overhead.py", "--model", "tiny-qwen2",
                                    "--dtype", "bfloat16", "--lora-dropout", "0.05",
                                    "--prompts", "2", "--group", "2", "--max-len", "6",
@@ -90,7 +92,7 @@ def parts(dry_run: bool, out: Path) -> list[Part]:
         ]
     return [
         Part("paper_round", (py, "bench/gpu_round.py", "--rollout-rows", "1024", "--static",
-                             "--json"), 250),
+                             "--hooks-ab", "16", "--json"), 250),
         Part("step_overhead", (py, "bench/step_overhead.py", "--model", "qwen2.5-1.5b",
                                "--dtype", "bfloat16", "--lora-dropout", "0.05", "--prompts", "8",
                                "--group", "8", "--max-len", "128", "--repeats", "5", "--json"),
@@ -210,6 +212,7 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
         "round_le_90_s": None if seconds is None else seconds <= 90,
         "per_prompt_grads_seconds": rnd.get("seconds", {}).get("per_prompt_grads"),
         "prompt_sharing": rnd.get("prompt_sharing"),
+        "hooks_speedup": rnd.get("hooks_ab", {}).get("speedup"),
         "peak_allocated_gb": None if peak is None else round(peak / GB, 2),
         "peak_le_80_gb": None if peak is None else peak <= 80 * GB,
         "fast_time_ratio": ovh.get("fast_time_ratio"),
