@@ -23,6 +23,7 @@ tensor allocation and free exactly (not sampled RSS).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -92,6 +93,14 @@ def synthetic_rollouts(tok, prompts: int, group: int, max_len: int, seed: int = 
                         torch.cat([pmask, cmask], 1),
                         torch.cat([torch.zeros_like(pmask), cmask], 1), lengths,
                         torch.zeros(n, dtype=torch.bool), group, prompts)
+
+
+def on_device(rollouts: RolloutBatch, device: str) -> RolloutBatch:
+    """The rollouts' token tensors on ``device`` (the lengths stay on the CPU, as engines
+    return them)."""
+    return dataclasses.replace(rollouts, input_ids=rollouts.input_ids.to(device),
+                               attention_mask=rollouts.attention_mask.to(device),
+                               completion_mask=rollouts.completion_mask.to(device))
 
 
 def make_steps(model, batch: TrainBatch, lr: float = 1e-5, clip: float = 0.05,
@@ -174,10 +183,12 @@ def main() -> None:
         args.clock = "wall" if args.device.startswith("cuda") else "process"
 
     model, tok = load(args.model, args.device, args.dtype, args.lora_dropout)
-    rollouts = synthetic_rollouts(tok, args.prompts, args.group, args.max_len)
+    rollouts = on_device(synthetic_rollouts(tok, args.prompts, args.group, args.max_len),
+                         args.device)                  # the reference pass runs on the model's
     rewards = torch.randint(0, 2, (args.prompts, args.group),
                             generator=torch.Generator().manual_seed(1)).float()
-    batch = build_grpo_batch(rollouts, rewards, ref_logprobs=reference_logprobs(model, rollouts))
+    batch = build_grpo_batch(rollouts, rewards.to(args.device),
+                             ref_logprobs=reference_logprobs(model, rollouts))
     batch = batch.to(args.device)
     steps = make_steps(model, batch)
 

@@ -38,9 +38,9 @@ def _stop_after(model, tok, modulus: int):
         ids = seen["ids"]
         if ids.shape[1] != 1:                       # prefill: the template's last token
             return output
-        output = output.clone()
-        output[(ids[:, -1] % modulus == 0), -1, tok.eos_token_id] += 1e4
-        return output
+        output = output.clone()          # arithmetic, no boolean indexing: a CUDA graph
+        output[:, -1, tok.eos_token_id] += 1e4 * (ids[:, -1] % modulus == 0).to(output.dtype)
+        return output                    # records it (indexing by a mask would synchronise)
 
     handles = [base.model.embed_tokens.register_forward_pre_hook(remember),
                base.lm_head.register_forward_hook(force)]
