@@ -42,7 +42,8 @@ def test_a_hanging_part_is_killed_recorded_and_the_suite_moves_on(tmp_path):
 
 def test_the_dry_run_runs_every_part_on_the_cpu(tmp_path):
     """All four parts finish on the CPU at tiny shapes; their figures reach the JSON and the
-    goals; isolation holds bit for bit in bf16 and fp32 and the prompt's pass is shared."""
+    goals; isolation holds bit for bit in bf16 and fp32, the prompt's pass is shared, and the
+    previous and current LoRA hooks give the same gradients up to rounding."""
     done = subprocess.run([sys.executable, "bench/gpu_suite.py", "--dry-run", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
@@ -52,7 +53,11 @@ def test_the_dry_run_runs_every_part_on_the_cpu(tmp_path):
     assert report["dry_run"] and report["environment"]["missing"] == []
     parts, goals = report["parts"], report["goals"]
     assert set(parts) == {"paper_round", "step_overhead", "isolation", "cuda_tests"}
-    assert [p["phase"] for p in parts["paper_round"]["phases_seen"]][-1] == "adamw_step"
+    assert [p["phase"] for p in parts["paper_round"]["phases_seen"]] == [
+        "load", "rollouts", "to_device", "reference_pass", "per_prompt_grads", "mechanism",
+        "adamw_step", "hooks_ab"]
+    ab = parts["paper_round"]["result"]["hooks_ab"]        # the same gradients either way
+    assert 0 < ab["max_tensor_relative_difference"] < 1e-5 and goals["hooks_speedup"] > 0
     assert goals["prompt_sharing"] is True and goals["round_seconds"] > 0
     assert goals["fast_time_ratio"] > 0 and goals["fast_memory_ratio"] > 0
     assert goals["gradients_bit_identical"] is True
