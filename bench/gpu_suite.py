@@ -161,7 +161,8 @@ def run_part(part: Part, timeout: float, out: Path) -> dict[str, Any]:
     """Run ``part`` in a new process group; kill the whole group at ``timeout``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT / "src"), str(BENCH), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+        PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+        CUBLAS_WORKSPACE_CONFIG=":4096:8")   # lets isolation's deterministic check run
     record: dict[str, Any] = {"command": " ".join(part.argv), "budget_s": part.budget_s,
                               "timeout_s": round(timeout, 1)}
     t0 = time.perf_counter()
@@ -222,6 +223,11 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
                                else ovh["fast_memory_ratio"] <= 1.2),
         "gradients_bit_identical": (all(g["bit_identical"] for g in grads) if len(grads) == 2
                                     else None),
+        "gradients_repeatable": (all(g[m]["repeat_max_abs_change"] == 0.0 for g in grads
+                                     for m in ("fast", "reference")) if len(grads) == 2 else None),
+        "gradients_bit_identical_deterministic": (
+            all(iso[d].get("gradients_deterministic", {}).get("bit_identical", False)
+                for d in ("bfloat16", "float32")) if len(grads) == 2 else None),
         "isolated_rollouts_identical": (all(r["identical_fraction"] == 1.0 for r in rollouts)
                                         if len(rollouts) == 2 else None),
         "cuda_tests_passed": (None if not tests else

@@ -10,8 +10,10 @@ prompts (the paper's setting, A2's gap); isolated mode (``train.rollout_isolatio
 Gradients (``--gradients``): each prompt's per-prompt LoRA gradient (fast and reference paths)
 and its reference log-probs, computed alone and with a much longer prompt added to the round
 (wider rows, more padding), as ``dpgrpo verify``'s ``batchmate_isolation`` does; the largest
-change must be 0 (LoRA dropout off, see ``main``). The alone run is repeated, so a difference caused by the device's
-run-to-run nondeterminism is told apart from one caused by the batch-mates.
+change must be 0 (LoRA dropout off, see ``_one_dtype``). The alone run is repeated, so a
+difference caused by the device's run-to-run nondeterminism is told apart from one caused by
+the batch-mates; a second check runs with ``torch.use_deterministic_algorithms(True)`` (on
+CUDA set ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, as ``bench/gpu_suite.py`` does).
 
 ``--arch`` builds a random-weight model from ``bench/gpu_round.py``'s configurations with the
 tiny offline tokenizer's vocabulary (no download), so this runs on a bare GPU image:
@@ -204,6 +206,15 @@ def _one_dtype(args: argparse.Namespace, dtype: str) -> dict[str, Any]:
         # dropout off: with it on, a batch-mate shifts the masks' random stream, and the masks
         # become other draws from the same distribution (as batched rollouts do)
         part["gradients"] = gradient_identity(model.eval(), tok, args.device)
+        # again with deterministic kernels: if the repeat above differs, the device's atomics
+        # (attention backward) are the cause, and this says whether isolation holds without them
+        torch.use_deterministic_algorithms(True)
+        try:
+            part["gradients_deterministic"] = gradient_identity(model, tok, args.device)
+        except RuntimeError as exc:                 # an op without a deterministic kernel
+            part["gradients_deterministic"] = {"error": str(exc)[:1000]}
+        finally:
+            torch.use_deterministic_algorithms(False)
     return part
 
 if __name__ == "__main__":

@@ -163,7 +163,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny",
-                        help=f"tiny, a model name or path, or a random-weight {tuple(RANDOM_ARCHS)}")
+                        help="tiny, a model name or path, or a random-weight "
+                             f"{tuple(RANDOM_ARCHS)}")
     parser.add_argument("--dtype", default="float32", help="base model dtype (LoRA stays fp32)")
     parser.add_argument("--lora-dropout", type=float, default=0.0,
                         help="LoRA dropout (the paper's 0.05 exercises the hooks' masks)")

@@ -60,7 +60,8 @@ def test_the_dry_run_runs_every_part_on_the_cpu(tmp_path):
     assert 0 < ab["max_tensor_relative_difference"] < 1e-5 and goals["hooks_speedup"] > 0
     assert goals["prompt_sharing"] is True and goals["round_seconds"] > 0
     assert goals["fast_time_ratio"] > 0 and goals["fast_memory_ratio"] > 0
-    assert goals["gradients_bit_identical"] is True
+    assert goals["gradients_bit_identical"] is True and goals["gradients_repeatable"] is True
+    assert goals["gradients_bit_identical_deterministic"] is True
     assert goals["isolated_rollouts_identical"] is True
     tests = parts["cuda_tests"]["result"]
     if not report["environment"]["cuda"]:
