@@ -165,6 +165,8 @@ def run_part(part: Part, timeout: float, out: Path) -> dict[str, Any]:
         CUBLAS_WORKSPACE_CONFIG=":4096:8")   # lets isolation's deterministic check run
     record: dict[str, Any] = {"command": " ".join(part.argv), "budget_s": part.budget_s,
                               "timeout_s": round(timeout, 1)}
+    if part.kind == "junit":
+        (out / "cuda_tests.xml").unlink(missing_ok=True)       # never read a previous run's
     t0 = time.perf_counter()
     proc = subprocess.Popen(part.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -178,7 +180,8 @@ def run_part(part: Part, timeout: float, out: Path) -> dict[str, Any]:
     record["seconds"] = round(time.perf_counter() - t0, 2)
     (out / f"{part.name}.log").write_text(f"$ {record['command']}\n--- stdout\n{stdout}\n"
                                           f"--- stderr\n{stderr}")
-    partial = [json.loads(line) for line in stderr.splitlines() if line.startswith('{"phase"')]
+    partial = [_last_json(line) for line in stderr.splitlines() if line.startswith('{"phase"')]
+    partial = [p for p in partial if p is not None]          # a line cut by the kill is dropped
     if partial:
         record["phases_seen"] = partial         # gpu_round's running figures survive a timeout
     if part.kind == "junit" and (out / "cuda_tests.xml").exists() and not timed_out:
@@ -201,8 +204,8 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
 
     rnd, ovh, iso, tests = (result(n) for n in
                             ("paper_round", "step_overhead", "isolation", "cuda_tests"))
-    peak = max((p.get("allocated_bytes", 0) for p in rnd.get("peak_memory", {}).values()),
-               default=None) if rnd else None
+    peak = max((p["allocated_bytes"] for name, p in rnd.get("peak_memory", {}).items()
+                if "allocated_bytes" in p and name != "hooks_ab"), default=None)  # CUDA only
     seconds = rnd.get("round_seconds")
     grads = [iso[d]["gradients"] for d in ("bfloat16", "float32") if "gradients" in iso.get(d, {})]
     rollouts = [iso[d]["isolated"] for d in ("bfloat16", "float32") if "isolated" in iso.get(d, {})]

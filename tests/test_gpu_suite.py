@@ -67,3 +67,19 @@ def test_the_dry_run_runs_every_part_on_the_cpu(tmp_path):
     if not report["environment"]["cuda"]:
         assert tests["tests"] == tests["skipped"] >= 8     # collected, and skipped cleanly
     assert (tmp_path / "paper_round.log").read_text().startswith("$ ")
+
+
+def test_goals_read_the_gpu_figures_and_say_none_for_a_missing_part():
+    """The round's peak is the largest CUDA allocation of its phases (the A/B after it does
+    not count); a part that produced nothing leaves its goals None, not False."""
+    rnd = {"round_seconds": 115.0, "prompt_sharing": True, "hooks_ab": {"speedup": 1.08},
+           "peak_memory": {"rollouts": {"allocated_bytes": 41.7e9},
+                           "per_prompt_grads": {"allocated_bytes": 37.5e9},
+                           "hooks_ab": {"allocated_bytes": 90e9}}}
+    ovh = {"fast_time_ratio": 1.05, "fast_memory_ratio": 1.3}
+    goals = gpu_suite.goals({"paper_round": {"result": rnd}, "step_overhead": {"result": ovh},
+                             "isolation": {"status": "timeout"}})
+    assert goals["round_le_120_s"] is True and goals["round_le_90_s"] is False
+    assert goals["peak_allocated_gb"] == 41.7 and goals["peak_le_80_gb"] is True
+    assert goals["fast_time_le_1_10"] is True and goals["fast_memory_le_1_2"] is False
+    assert goals["gradients_bit_identical"] is None and goals["cuda_tests_passed"] is None
