@@ -47,6 +47,8 @@ BENCH = ROOT / "bench"
 #: what the parts import; a missing one is named in the JSON instead of surfacing as a traceback
 MODULES = ("torch", "transformers", "peft", "tokenizers", "numpy", "scipy", "pytest",
            "cryptography", "dp_accounting", "sympy", "math_verify", "typer", "rich")
+#: a dry run's time box per part: its shapes take seconds, but a shared CPU can starve it
+DRY_BOX = 600
 DISTRIBUTIONS = {"dp_accounting": "dp-accounting", "math_verify": "math-verify"}
 GB = 1e9
 
@@ -79,16 +81,16 @@ def parts(dry_run: bool, out: Path) -> list[Part]:
                                  "--prompts", "2", "--group", "2", "--cap", "6",
                                  "--prompt-len", "12", "--rollout-rows", "4",
                                  "--max-tokens-per-pass", "12", "--static", "--hooks-ab", "2",
-                                 "--json"), 120),
+                                 "--json"), DRY_BOX),
             Part("step_overhead", (py, "bench/step_overhead.py", "--model", "tiny-qwen2",
                                    "--dtype", "bfloat16", "--lora-dropout", "0.05",
                                    "--prompts", "2", "--group", "2", "--max-len", "6",
-                                   "--repeats", "1", "--device", "cpu", "--json"), 120),
+                                   "--repeats", "1", "--device", "cpu", "--json"), DRY_BOX),
             Part("isolation", (py, "bench/isolation.py", "--arch", "tiny", "--device", "cpu",
                                "--dtypes", "bfloat16,float32", "--modes", "isolated",
                                "--gradients", "--prompts", "2", "--group", "2", "--cap", "4",
-                               "--threads", "1", "--json"), 120),
-            Part("cuda_tests", pytest, 120, kind="junit"),
+                               "--threads", "1", "--json"), DRY_BOX),
+            Part("cuda_tests", pytest, DRY_BOX, kind="junit"),
         ]
     return [
         Part("paper_round", (py, "bench/gpu_round.py", "--rollout-rows", "1024", "--static",
@@ -245,10 +247,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="every shape shrunk, on the CPU: checks the suite, not the device")
     parser.add_argument("--out", default=os.environ.get("OUT", "."),
                         help="folder for gpu_suite.json and the parts' logs (default $OUT)")
-    parser.add_argument("--deadline-s", type=float, default=540.0,
-                        help="the whole suite's wall-clock limit (9 minutes)")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="the whole suite's wall-clock limit (default 540 s, 9 minutes; "
+                             "a dry run's default is 4 x its parts' box)")
     parser.add_argument("--only", action="append", default=None, help="run only these parts")
     args = parser.parse_args(argv)
+    if args.deadline_s is None:
+        args.deadline_s = 4 * DRY_BOX if args.dry_run else 540.0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
