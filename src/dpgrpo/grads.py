@@ -112,26 +112,34 @@ def per_prompt_grads_reference(model: torch.nn.Module, objective: Objective,
 # --- the fast path: LoRA hooks ---------------------------------------------------------------
 
 class _MaskedScale(torch.autograd.Function):
-    """x * mask * scale with a boolean mask saved for backward (1 byte per entry)."""
+    """x * mask * scale with a boolean mask saved for backward (1 byte per entry); scale 1 is
+    one full-width pass instead of two."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(mask)
         ctx.scale = scale
-        return x * mask * scale
+        out = torch.where(mask, x, 0)            # as x * mask, one pass without a cast of mask
+        return out if scale == 1.0 else out.mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         (mask,) = ctx.saved_tensors
-        return grad * mask * ctx.scale, None, None
+        out = torch.where(mask, grad, 0)
+        return (out if ctx.scale == 1.0 else out.mul_(ctx.scale)), None, None
 
 
 class _RecordingDropout(torch.nn.Module):
-    """LoRA dropout that tells the hooks its mask instead of leaving a dropped copy behind."""
+    """LoRA dropout that tells the hooks its mask instead of leaving a dropped copy behind.
 
-    def __init__(self, p: float, record: Callable[[torch.Tensor | None], None]) -> None:
+    ``scaled=False`` leaves out the 1/(1-p) factor: the hooks apply it to lora_A's rank-r
+    output instead (the same product, one full-width pass fewer each way: see _LoraHooks).
+    """
+
+    def __init__(self, p: float, record: Callable[[torch.Tensor | None], None],
+                 scaled: bool = True) -> None:
         super().__init__()
-        self.p, self.record = p, record
+        self.p, self.record, self.scaled = p, record, scaled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
@@ -139,7 +147,7 @@ class _RecordingDropout(torch.nn.Module):
             return x
         mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - self.p)
         self.record(mask)
-        return _MaskedScale.apply(x, mask, 1.0 / (1.0 - self.p))
+        return _MaskedScale.apply(x, mask, 1.0 / (1.0 - self.p) if self.scaled else 1.0)
 
 
 def _is_lora_layer(module: torch.nn.Module) -> bool:
@@ -149,7 +157,13 @@ def _is_lora_layer(module: torch.nn.Module) -> bool:
 
 class _LoraHooks:
     """While active: LoRA parameters frozen, dropout recorded, per-prompt weight grads formed
-    in backward hooks into ``out[name][target]`` (``target`` = the prompt of the pass)."""
+    in backward hooks into ``out[name][target]`` (``target`` = the prompt of the pass).
+
+    Full-width passes are what a bf16 pass spends its time on (bench/README.md, "Paper profile
+    of the per-prompt gradients"), so dropout's 1/(1-p) is applied to lora_A's (tokens, r)
+    output rather than to its (tokens, d_in) input, and the hook rebuilds the dropped input
+    by masking the layer's own input in its dtype (exact) before one upcast.
+    """
 
     def __init__(self, model: torch.nn.Module, params: dict[str, torch.nn.Parameter],
                  out: PerPromptGrads) -> None:
@@ -194,7 +208,8 @@ class _LoraHooks:
             p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
             if not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
                 raise ConfigError(f"unsupported LoRA dropout {type(dropout).__name__} in {mname}")
-            recorder = _RecordingDropout(p, lambda m, s=slot: s.__setitem__("mask", m))
+            recorder = _RecordingDropout(p, lambda m, s=slot: s.__setitem__("mask", m),
+                                         scaled=False)
             recorder.train(dropout.training)
             self.swapped.append((module.lora_dropout, adapter, dropout))
             module.lora_dropout[adapter] = recorder
@@ -218,21 +233,24 @@ class _LoraHooks:
         return leaf
 
     def _hook_a(self, names: dict[str, str], slot: dict[str, Any], scale: float
-                ) -> Callable[..., None]:
-        def hook(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
-            if not torch.is_grad_enabled() or not output.requires_grad:
-                return
-            saved = {"x": slot.get("x"), "mask": slot.get("mask"), "target": self.target}
-            dtype = module.weight.dtype
+                ) -> Callable[..., torch.Tensor | None]:
+        def hook(module: torch.nn.Module, args: Any, output: torch.Tensor
+                 ) -> torch.Tensor | None:
+            mask = slot.get("mask")
+            if torch.is_grad_enabled() and output.requires_grad:
+                saved = {"x": slot.get("x"), "mask": mask, "target": self.target}
+                dtype = module.weight.dtype
 
-            def backward_hook(grad_out: torch.Tensor) -> None:
-                x, mask = saved.pop("x"), saved.pop("mask")
-                x = x.to(dtype)
-                if mask is not None:
-                    x = x * mask * scale                                     # dropped input
-                self._accumulate(names, saved["target"], x, grad_out)
+                def backward_hook(grad_out: torch.Tensor) -> None:
+                    # grad_out is d loss / d (lora_A's unscaled output): 1/(1-p) is in it
+                    x, m = saved.pop("x"), saved.pop("mask")
+                    if m is not None:
+                        x = torch.where(m, x, 0)      # exact in x's own dtype
+                    self._accumulate(names, saved["target"], x.to(dtype), grad_out)
 
-            output.register_hook(backward_hook)
+                output.register_hook(backward_hook)
+            # the recorder left 1/(1-p) out of the dropped input: scale the (tokens, r) output
+            return output * scale if mask is not None else None
         return hook
 
     def _hook_b(self, names: dict[str, str]) -> Callable[..., None]:

@@ -104,3 +104,30 @@ def test_trainable_head_is_refused():
     weight = torch.zeros(5, 3, requires_grad=True)
     with pytest.raises(ConfigError, match="frozen lm_head"):
         chosen_logprobs(torch.zeros(2, 3), weight, torch.tensor([0, 1]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_bf16_head_on_cuda_equals_the_unfused_computation(chunk):
+    """bf16 hidden states and head on CUDA (the MATH preset's dtype): logits are formed in bf16
+    and upcast to fp32 as ``model(...).logits.float()`` would be, so values agree with the
+    unfused (K, V) computation to bf16 rounding of the logits, and the gradient with respect
+    to the hidden states agrees with autograd through it."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(40, 64, generator=gen).to("cuda", torch.bfloat16)
+    weight = (0.05 * torch.randn(VOCAB, 64, generator=gen)).to("cuda", torch.bfloat16)
+    targets = torch.randint(0, VOCAB, (40,), generator=gen).to("cuda")
+    grad_out = torch.randn(40, generator=gen).to("cuda")
+
+    h_ref = hidden.clone().requires_grad_(True)
+    logits = torch.nn.functional.linear(h_ref, weight).float()                 # (K, V)
+    ref = logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+    (ref * grad_out).sum().backward()
+
+    h = hidden.clone().requires_grad_(True)
+    fused = chosen_logprobs(h, weight, targets, chunk=chunk)
+    (fused * grad_out).sum().backward()
+    assert fused.dtype == torch.float32 and h.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(fused, ref, rtol=0, atol=2e-2)
+    err = (h.grad.float() - h_ref.grad.float()).norm() / h_ref.grad.float().norm()
+    assert float(err) < 2e-2, float(err)
