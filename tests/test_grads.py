@@ -260,11 +260,13 @@ def _with_recording_dropout(model, p: float):
     return saved
 
 
-def test_fast_path_with_lora_dropout_equals_autograd(tok):
-    """With dropout active, the hooks' rebuilt dropped inputs give autograd's gradients."""
+@pytest.mark.parametrize("train", ["all", "B"])
+def test_fast_path_with_lora_dropout_equals_autograd(tok, train):
+    """With dropout active, the hooks' rebuilt dropped inputs give autograd's gradients, also
+    with lora_A frozen (whose hook still applies dropout's scale)."""
     base = build_tiny_model(tok, dtype="float64")
     exact_rmsnorm(base)
-    model = attach_lora(base, LoraSettings(dropout=0.3))
+    model = attach_lora(base, LoraSettings(dropout=0.3, train=train))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -287,7 +289,8 @@ def test_fast_path_with_lora_dropout_equals_autograd(tok):
     assert _max_abs(fast, ref) <= 1e-12
     assert _max_abs(fast, other) > 1e-6            # dropout really acted
     assert all(isinstance(d, torch.nn.Dropout) for *_, d in saved)   # originals restored
-    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+    assert all(p.requires_grad == (train == "all" or "lora_B" in n)
+               for n, p in model.named_parameters() if "lora_" in n)
 
 
 @pytest.mark.parametrize("method", ["fast", "reference"])

@@ -214,8 +214,9 @@ class _LoraHooks:
             self.swapped.append((module.lora_dropout, adapter, dropout))
             module.lora_dropout[adapter] = recorder
             scale = 1.0 / (1.0 - p) if p > 0 else 1.0
-            if names_a:  # lora_A frozen (model.lora_train = "B" or "bias"): no hook needed
-                self.handles.append(lora_a.register_forward_hook(self._hook_a(names_a, slot, scale)))
+            # lora_A's hook also applies dropout's 1/(1-p), so it stays even when lora_A is
+            # frozen (model.lora_train = "B" or "bias"); it then forms no gradient
+            self.handles.append(lora_a.register_forward_hook(self._hook_a(names_a, slot, scale)))
             if names_b:
                 self.handles.append(lora_b.register_forward_hook(self._hook_b(names_b)))
         return covered
@@ -237,7 +238,7 @@ class _LoraHooks:
         def hook(module: torch.nn.Module, args: Any, output: torch.Tensor
                  ) -> torch.Tensor | None:
             mask = slot.get("mask")
-            if torch.is_grad_enabled() and output.requires_grad:
+            if names and torch.is_grad_enabled() and output.requires_grad:
                 saved = {"x": slot.get("x"), "mask": mask, "target": self.target}
                 dtype = module.weight.dtype
 
