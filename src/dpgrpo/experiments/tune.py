@@ -178,11 +178,14 @@ def check_proxy(config: RunConfig, settings: TuneSettings) -> None:
 
 def proxy_config(config: RunConfig, settings: TuneSettings, point: GridPoint, n: int
                  ) -> RunConfig:
-    """The private config moved onto the proxy: the first n problems of the proxy's train split
-    in n public slots (the private run's n, so q = m / n is the same), no canaries, the point's overrides, the
+    """The private config moved onto the proxy: the proxy's train split (its first n problems if
+    it holds more) in n public slots (the private run's n, so q = m / n is the same), no canaries, the point's overrides, the
     arm DP-GRPO and sigma left to calibration from the same epsilon and delta."""
+    from dpgrpo.tasks import load_split
+
+    size = len(load_split(settings.proxy, "train", settings.proxy_data_dir).problems)  # public
     data = replace(config.data, task=settings.proxy, data_dir=settings.proxy_data_dir,
-                   split="train", limit=n, n_slots=n, skip_invalid=False,
+                   split="train", limit=n if size > n else None, n_slots=n, skip_invalid=False,
                    privacy_unit="prompt", contributors=None)
     delta = config.privacy.delta if config.privacy.delta is not None else 1.0 / (10 * n)
     privacy = replace(config.privacy, delta=delta, noise_multiplier=None)
