@@ -124,3 +124,41 @@ def test_verify_check_passes_and_fails_on_a_broken_mechanism():
     assert audit_verdict_errors() == 0
     assert audit_verdict_errors("half_sigma") >= 1      # as if privatize itself were broken
     assert audit_verdict_errors("realized_batch") >= 1
+
+
+def _certificate(**kw):
+    cert = {"private": True, "epsilon": 8.0, "delta": 1e-4, "q": 0.05, "sigma": 0.6,
+            "clip_norm": 0.055, "n": 200, "steps": 3, "trainable_coordinates": 256}
+    return cert | kw
+
+
+def test_study_step_audits_the_certificate_and_the_results_page_prints_it(tmp_path):
+    from dpgrpo.reports.study import _whitebox_sentence
+    from dpgrpo.study import _whitebox
+
+    audit = _whitebox(_certificate(), tmp_path / "mechanism")
+    assert audit["setup"]["n"] == 200 and audit["setup"]["canaries"] == 200
+    assert audit["setup"]["coordinates"] == 256 and not audit["flagged"]
+    assert audit["calibration"]["mu_certified"] == pytest.approx(math.sqrt(3) / 0.6)
+    again = _whitebox(_certificate(sigma=0.1), tmp_path / "mechanism")   # resumable: reused
+    assert again == json.loads((tmp_path / "mechanism" / "summary.json").read_text()) == audit
+    text = _whitebox_sentence(audit)
+    assert f"{audit['whitebox_bound']['epsilon_lower_bound']:.3f}" in text and "passed" in text
+
+
+def test_cli_audits_a_run_and_fails_a_broken_mechanism(tmp_path):
+    from typer.testing import CliRunner
+
+    from dpgrpo.cli import app
+
+    (tmp_path / "release").mkdir()
+    (tmp_path / "release" / "certificate.json").write_text(json.dumps(_certificate()))
+    res = CliRunner().invoke(app, ["audit", "mechanism", "--run", str(tmp_path), "--json",
+                                   "--seed", "4"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["mechanism"] == "correct" and data["flagged"] is False
+    res = CliRunner().invoke(app, ["audit", "mechanism", "--run", str(tmp_path),
+                                   "--mechanism", "no_clipping", "--seed", "4"])
+    assert res.exit_code != 0 and "FLAGGED" in res.output
+    assert isinstance(res.exception, MechanismAuditError)
