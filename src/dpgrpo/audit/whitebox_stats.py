@@ -189,8 +189,8 @@ def calibration(rounds: np.ndarray, included: np.ndarray, *, sigma: float,
     the T rounds (T K/2 values: about 0.9% relative error at K = 1,000, T = 12); mu is the mean
     shift of the sum statistic over that scale (about 1%). Each is flagged when it is off by
     more than ``tolerance`` or by five of its standard errors, whichever is larger, so a correct
-    mechanism is flagged with probability below 1e-5 at any K, and at K = 1,000 the tolerance is
-    the 5% of the goal.
+    mechanism is flagged with probability of about 1e-6 (normal approximation) at any K, and at
+    K = 1,000 the tolerance is the 5% of the goal.
     """
     inc = np.asarray(included, dtype=bool)
     n_in, n_out = int(inc.sum()), int((~inc).sum())
