@@ -153,11 +153,16 @@ def test_cli_audits_a_run_and_fails_a_broken_mechanism(tmp_path):
 
     (tmp_path / "release").mkdir()
     (tmp_path / "release" / "certificate.json").write_text(json.dumps(_certificate()))
+    record = tmp_path / "mechanism.json"
     res = CliRunner().invoke(app, ["audit", "mechanism", "--run", str(tmp_path), "--json",
-                                   "--seed", "4"])
+                                   "--seed", "4", "-o", str(record)])
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
     assert data["mechanism"] == "correct" and data["flagged"] is False
+    assert json.loads(record.read_text()) == data
+    res = CliRunner().invoke(app, ["audit", "mechanism", "--run", str(tmp_path), "-o",
+                                   str(tmp_path / "release" / "x.json")])
+    assert res.exit_code != 0                               # never inside a release
     res = CliRunner().invoke(app, ["audit", "mechanism", "--run", str(tmp_path),
                                    "--mechanism", "no_clipping", "--seed", "4"])
     assert res.exit_code != 0 and "FLAGGED" in res.output

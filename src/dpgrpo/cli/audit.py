@@ -141,8 +141,8 @@ def canary(
 def mechanism(
     run: Path | None = typer.Option(None, "--run", help="Run directory: audit the mechanism "
                                     "with its release/certificate.json (n, q, T, sigma, C, d)."),
-    config: Path | None = typer.Option(None, "--config", help="Or a run config (TOML): its n "
-                                       "(data.n_slots or --n), q, T, C and calibrated sigma."),
+    config: Path | None = typer.Argument(None, help="Or a run config (TOML): its n "
+                                         "(data.n_slots or --n), q, T, C and calibrated sigma."),
     n: int | None = typer.Option(None, "--n", help="Public slot count with --config."),
     canaries: int | None = typer.Option(None, "--canaries",
                                         help="Gradient canaries K (default min(n, 1000))."),
@@ -159,6 +159,8 @@ def mechanism(
                                    help="Also run audit mode (q = 1), which can fail."),
     seed: int | None = typer.Option(None, "--seed", help="Seed everything (debugging only; "
                                     "default: OS entropy for bits, coins and noise)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write the JSON record to "
+                                    "this file (never inside a release)."),
     as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON."),
 ) -> None:
     """White-box audit of the mechanism with gradient canaries (model-free): one-run lower
@@ -169,7 +171,11 @@ def mechanism(
 
     overrides = {} if coordinates is None else {"coordinates": coordinates}
     if (run is None) == (config is None):
-        raise typer.BadParameter("give exactly one of --run or --config")
+        raise typer.BadParameter("give exactly one of CONFIG or --run")
+    if out is not None:
+        from dpgrpo.audit.report import check_out_dir
+
+        check_out_dir(out)
     if run is not None:
         setup = ma.setup_from_certificate(ma.read_certificate(run), canaries=canaries, **overrides)
     else:
@@ -178,6 +184,10 @@ def mechanism(
         setup = ma.setup_from_config(load_config(config), canaries=canaries, n=n, **overrides)
     audit = ma.audit_mechanism(setup, mechanism_name, seed=seed, confidence=confidence,
                                selection=selection, calibrate=calibrate)
+    if out is not None:
+        from dpgrpo.atomic import atomic_write_text
+
+        atomic_write_text(out, json.dumps(audit.to_dict(), indent=1) + "\n")
     if as_json:
         typer.echo(json.dumps(audit.to_dict(), indent=1))
     else:
