@@ -192,3 +192,49 @@ def test_setup_from_the_study_config():
     assert setup.certified_epsilon == pytest.approx(8.0, abs=0.01) and setup.canaries == 1000
     with pytest.raises(ConfigError, match="n_slots"):
         setup_from_config(cfg)
+
+
+E2E_TOML = """
+[model]
+name = "{model}"
+device = "cpu"
+[data]
+task = "arithmetic"
+limit = 8
+n_slots = 208
+[privacy]
+expected_batch = 52
+noise_multiplier = 1.0
+[train]
+steps = 2
+group_size = 2
+max_new_tokens = 4
+"""
+
+
+def test_end_to_end_mode_puts_canaries_among_real_gradients(tiny_model_dir, tmp_path):
+    from dpgrpo.audit.end_to_end import simulate_end_to_end
+    from dpgrpo.audit.mechanism_audit import audit_end_to_end
+    from dpgrpo.config import load_config
+
+    path = tmp_path / "e2e.toml"
+    path.write_text(E2E_TOML.format(model=tiny_model_dir))
+    cfg = load_config(path)
+    setup, obs = simulate_end_to_end(cfg, tmp_path / "run", canaries=200, seed=1)
+    assert (setup.n, setup.q, setup.sigma, setup.steps) == (208, pytest.approx(0.25), 1.0, 2)
+    assert setup.coordinates >= 200 and obs.rounds.shape == (2, 200)
+    assert np.isfinite(obs.rounds).all() and np.isfinite(obs.final).all()
+    audit = audit_end_to_end(cfg, tmp_path / "run2", canaries=200, seed=2, selection="half",
+                             calibrate=True)
+    assert audit.extra["mode"] == "end-to-end" and not audit.flagged
+    assert audit.whitebox_bound["epsilon_lower_bound"] <= audit.certified_epsilon
+    with pytest.raises(ConfigError, match="absent slots"):
+        simulate_end_to_end(cfg, tmp_path / "run3", canaries=201)
+    from typer.testing import CliRunner
+
+    from dpgrpo.cli import app
+
+    res = CliRunner().invoke(app, ["audit", "mechanism", str(path), "--end-to-end", "--canaries",
+                                   "200", "--no-calibrate", "--selection", "half", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["extra"]["mode"] == "end-to-end"

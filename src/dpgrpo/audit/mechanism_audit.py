@@ -18,7 +18,7 @@ it proves nothing about an upper bound. docs/auditing.md says what each number m
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,27 +76,52 @@ def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
     return wb.to_dict(), final.to_dict(), info
 
 
-def audit_mechanism(setup: AuditSetup, mechanism: str = "correct", *, seed: int | None = None,
-                    confidence: float = 0.95, selection: str = "design",
-                    calibrate: bool = False) -> MechanismAudit:
-    """Run and score one audit (module docstring); ``seed`` only for tests and benchmarks."""
+def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
+          confidence: float = 0.95, selection: str = "design") -> MechanismAudit:
+    """Every statistic of one observed run (no audit mode)."""
     if selection not in ("design", "half"):
         raise ConfigError(f"selection must be 'design' or 'half', got {selection!r}")
-    obs = simulate(setup, mechanism, seed=seed)
     wb, final, info = _bounds(obs, setup, confidence, selection)
-    cal, seconds = None, obs.seconds
-    if calibrate:
-        mode = setup.audit_mode()
-        q1 = simulate(mode, mechanism, seed=None if seed is None else seed + 100)
-        cal = calibration(q1.rounds, q1.included, sigma=setup.sigma).to_dict()
-        seconds += q1.seconds
     return MechanismAudit(
         setup=setup.to_dict(), mechanism=mechanism, certified_epsilon=setup.certified_epsilon,
         whitebox_bound=wb, final_bound=final,
         whitebox_fit=gaussian_fit(sum_statistic(obs.rounds), obs.included, setup.delta).to_dict(),
         final_fit=gaussian_fit(obs.final, obs.included, setup.delta).to_dict(),
         analytic=analytic(setup.q, setup.sigma, setup.steps, setup.delta) | info,
-        calibration=cal, seconds=seconds)
+        seconds=obs.seconds)
+
+
+def audit_mechanism(setup: AuditSetup, mechanism: str = "correct", *, seed: int | None = None,
+                    confidence: float = 0.95, selection: str = "design",
+                    calibrate: bool = False) -> MechanismAudit:
+    """Run and score one model-free audit (module docstring); ``seed`` only for tests and
+    benchmarks. ``calibrate`` adds audit mode (q = 1), the part that can fail."""
+    audit = score(setup, simulate(setup, mechanism, seed=seed), mechanism,
+                  confidence=confidence, selection=selection)
+    return _with_calibration(audit, setup, mechanism, seed) if calibrate else audit
+
+
+def _with_calibration(audit: MechanismAudit, setup: AuditSetup, mechanism: str,
+                      seed: int | None) -> MechanismAudit:
+    q1 = simulate(setup.audit_mode(), mechanism, seed=None if seed is None else seed + 100)
+    cal = calibration(q1.rounds, q1.included, sigma=setup.sigma).to_dict()
+    return replace(audit, calibration=cal, seconds=audit.seconds + q1.seconds)
+
+
+def audit_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
+                     mechanism: str = "correct", seed: int | None = None,
+                     confidence: float = 0.95, selection: str = "design",
+                     calibrate: bool = False) -> MechanismAudit:
+    """The end-to-end mode (:mod:`dpgrpo.audit.end_to_end`): real rollouts and per-prompt
+    gradients of ``config``'s model and task beside the canaries, then the same statistics."""
+    from dpgrpo.audit.end_to_end import simulate_end_to_end
+
+    setup, obs = simulate_end_to_end(config, run_dir, canaries=canaries, mechanism=mechanism,
+                                     seed=seed)
+    audit = replace(score(setup, obs, mechanism, confidence=confidence, selection=selection),
+                    extra={"mode": "end-to-end", "model": config.model.name,
+                           "task": config.data.task})
+    return _with_calibration(audit, setup, mechanism, seed) if calibrate else audit
 
 
 def detection(setup: AuditSetup, *, trials: int = 1, seed: int | None = None,
@@ -210,5 +235,6 @@ def summary_lines(audit: MechanismAudit) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MechanismAudit", "audit_mechanism", "detection", "read_certificate",
-           "require_passed", "setup_from_certificate", "setup_from_config", "summary_lines"]
+__all__ = ["MechanismAudit", "audit_end_to_end", "audit_mechanism", "detection",
+           "read_certificate", "require_passed", "score", "setup_from_certificate",
+           "setup_from_config", "summary_lines"]

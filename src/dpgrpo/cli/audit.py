@@ -157,16 +157,18 @@ def mechanism(
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the bounds."),
     calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate",
                                    help="Also run audit mode (q = 1), which can fail."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed everything (debugging only; "
-                                    "default: OS entropy for bits, coins and noise)."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed the canaries' bits and the "
+                                    "model-free run (debugging only; default: OS entropy)."),
+    end_to_end: bool = typer.Option(False, "--end-to-end", help="With CONFIG: real rollouts "
+                                    "and per-prompt gradients of its model and task beside the "
+                                    "canaries, which take absent slots (data.n_slots)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Also write the JSON record to "
                                     "this file (never inside a release)."),
     as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON."),
 ) -> None:
-    """White-box audit of the mechanism with gradient canaries (model-free): one-run lower
-    bound, one-shot Gaussian estimate and analytic value beside the certified epsilon."""
-    import json
-
+    """White-box audit of the mechanism with gradient canaries (model-free, or --end-to-end):
+    one-run lower bound, one-shot Gaussian estimate and analytic value beside the certified
+    epsilon; exits non-zero when audit mode flags the mechanism."""
     from dpgrpo.audit import mechanism_audit as ma
 
     overrides = {} if coordinates is None else {"coordinates": coordinates}
@@ -176,6 +178,21 @@ def mechanism(
         from dpgrpo.audit.report import check_out_dir
 
         check_out_dir(out)
+    if end_to_end:
+        import tempfile
+
+        from dpgrpo.config import load_config
+
+        if config is None:
+            raise typer.BadParameter("--end-to-end needs CONFIG")
+        cfg = load_config(config)
+        with tempfile.TemporaryDirectory(prefix="dpgrpo-audit-") as scratch:
+            audit = ma.audit_end_to_end(cfg, Path(scratch), canaries=canaries or 1000,
+                                        mechanism=mechanism_name, seed=seed,
+                                        confidence=confidence, selection=selection,
+                                        calibrate=calibrate)
+        _report(audit, out, as_json)
+        return
     if run is not None:
         setup = ma.setup_from_certificate(ma.read_certificate(run), canaries=canaries, **overrides)
     else:
@@ -184,14 +201,20 @@ def mechanism(
         setup = ma.setup_from_config(load_config(config), canaries=canaries, n=n, **overrides)
     audit = ma.audit_mechanism(setup, mechanism_name, seed=seed, confidence=confidence,
                                selection=selection, calibrate=calibrate)
+    _report(audit, out, as_json)
+
+
+def _report(audit, out: Path | None, as_json: bool) -> None:  # noqa: ANN001
+    """Print (and write) the audit, then fail with MechanismAuditError if it flagged."""
+    import json
+
+    from dpgrpo.audit import mechanism_audit as ma
+
     if out is not None:
         from dpgrpo.atomic import atomic_write_text
 
         atomic_write_text(out, json.dumps(audit.to_dict(), indent=1) + "\n")
-    if as_json:
-        typer.echo(json.dumps(audit.to_dict(), indent=1))
-    else:
-        typer.echo(ma.summary_lines(audit))
+    typer.echo(json.dumps(audit.to_dict(), indent=1) if as_json else ma.summary_lines(audit))
     ma.require_passed(audit)
 
 
