@@ -45,7 +45,8 @@ def test_gdp_epsilon_solves_the_gaussian_privacy_profile():
     # delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) for mu-GDP (Dong et al.)
     for mu in (0.5, 1.0, 3.0, 10.07):
         eps = gdp_epsilon(mu, 1e-5)
-        profile = stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+        profile = (stats.norm.cdf(-eps / mu + mu / 2)
+                   - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2))
         assert profile <= 1e-5 * 1.001 and profile >= 1e-5 * 0.95
     assert gdp_epsilon(0.0, 1e-5) == 0.0 and gdp_epsilon(-1.0, 1e-5) == 0.0
 

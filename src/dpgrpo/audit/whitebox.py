@@ -165,7 +165,8 @@ def _background(count: int, d: int, clip: float, rng: np.random.Generator) -> to
     return torch.from_numpy(g).float()
 
 
-def simulate(setup: AuditSetup, mechanism: str = "correct", *, seed: int | None = None) -> Observation:
+def simulate(setup: AuditSetup, mechanism: str = "correct", *,
+             seed: int | None = None) -> Observation:
     """Run T rounds of ``mechanism`` over the canaries (module docstring); OS entropy for the
     inclusion bits, the sampler's coins and the noise unless ``seed`` is given (tests only)."""
     import time
