@@ -582,6 +582,14 @@ def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
     return {} if not test else {f"{key}_p": test["p_value"], f"{key}_null": test["null_band"]}
 
 
+def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The white-box audit's keys (none for results from before the audit existed)."""
+    if not audit:
+        return {}
+    return {"whitebox_eps_lower_bound": audit["whitebox_bound"]["epsilon_lower_bound"],
+            "whitebox_flagged": audit["flagged"]}
+
+
 def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     """The keys of ``cpu-study.json`` that the issue and the results page name."""
     report, cert = results["report"], results["dp_certificate"]
@@ -610,8 +618,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "audit_dp_auc_ceiling": results["private_mia"]["certified_auc_ceiling"], **dp_leaky,
         "canary_eps_lower_bound": canary["empirical_epsilon_lower_bound"],
         "certified_eps": canary["certified_epsilon"],
-        "whitebox_eps_lower_bound": results["whitebox"]["whitebox_bound"]["epsilon_lower_bound"],
-        "whitebox_flagged": results["whitebox"]["flagged"],
+        **_whitebox_keys(results.get("whitebox")),
         "dp_grpo_certified_eps": cert["epsilon"],
         "sweep": [{k: s[k] for k in ("epsilon", "dp_vs_control_pp", "dp_vs_control_ci", "mde",
                                      "refused") if k in s} for s in results["sweep"]],
