@@ -102,9 +102,13 @@ class PromptDropout:
         """Start prompt ``prompt``'s masks: reseed torch's generator from its seed alone."""
         from dpgrpo.privacy.record_coins import torch_seed
 
-        seed = (self.seeds[prompt] if self.seeds is not None
-                else int.from_bytes(os.urandom(32), "little"))
-        torch.manual_seed(torch_seed(seed))
+        seed = torch_seed(self.seeds[prompt] if self.seeds is not None
+                          else int.from_bytes(os.urandom(32), "little"))
+        torch.default_generator.manual_seed(seed)            # masks of CPU tensors
+        if self.device.type == "cuda":                       # and of this device's (Philox)
+            index = self.device.index if self.device.index is not None \
+                else torch.cuda.current_device()
+            torch.cuda.default_generators[index].manual_seed(seed)
 
 
 def _device(model: torch.nn.Module) -> torch.device:

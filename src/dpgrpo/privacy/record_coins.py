@@ -199,7 +199,8 @@ class RecordRandomness:
                 raise PrivacyError(f"the entropy source returned {len(key)} bytes, "
                                    f"not {KEY_BYTES}")
         else:
-            material = f"dpgrpo-record-debug-seed:{int(self.seed)}:{int(round_index)}"  # type: ignore[arg-type]
+            seed = int(self.seed)  # type: ignore[arg-type]
+            material = f"dpgrpo-record-debug-seed:{seed}:{int(round_index)}"
             key = hashlib.sha256(material.encode()).digest()
         return RoundKey(key, int(round_index))
 

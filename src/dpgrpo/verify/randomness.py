@@ -94,7 +94,8 @@ def small_q_frequency_z() -> float:
     """|count - n q| / sqrt(n q (1 - q)) for one round of 2^20 slots at the MATH preset's q,
     the coins a fixed public ChaCha20 stream (deterministic); 8-bit coins give ~9."""
     n, q = SMALL_Q_SLOTS, SMALL_Q
-    count = PoissonSampler(n, q, entropy=lambda k: keystream(PUBLIC_KEY, bytes(16), k)).sample().size
+    coins = PoissonSampler(n, q, entropy=lambda k: keystream(PUBLIC_KEY, bytes(16), k))
+    count = coins.sample().size
     return abs(count - n * q) / math.sqrt(n * q * (1 - q))
 
 
