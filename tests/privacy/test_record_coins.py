@@ -155,3 +155,17 @@ def test_nonce_layout_keeps_records_apart():
         record_coins._nonce(2**64, 0, "rollout")
     with pytest.raises(PrivacyError):
         record_coins._nonce(0, 2**24, "rollout")
+
+
+def test_request_seeds_of_neighbouring_prompts_never_overlap():
+    """vLLM's per-request seeds: 63-bit PRF outputs of (prompt seed, row); prompt seeds s and
+    s + 1 share no request seed (``seed + row``, as before, gave s + 1 == (s + 1) + 0)."""
+    from dpgrpo.rollout.engine import request_seed
+
+    rows = 8
+    a = [request_seed(100, j) for j in range(rows)]
+    b = [request_seed(101, j) for j in range(rows)]
+    assert len(set(a) | set(b)) == 2 * rows and all(0 <= s < 2**63 for s in a + b)
+    assert a == [request_seed(100, j) for j in range(rows)]
+    big = KEY.seed(1, 0, "rollout")
+    assert request_seed(big, 0) != request_seed(big + 1, 0)
