@@ -92,7 +92,7 @@ def coin_resolution_bits(q: float = SMALL_Q) -> int:
 
 def small_q_frequency_z() -> float:
     """|count - n q| / sqrt(n q (1 - q)) for one round of 2^20 slots at the MATH preset's q,
-    the coins a fixed public ChaCha20 stream (deterministic); 8-bit coins give ~9."""
+    the coins a fixed public ChaCha20 stream (deterministic); 8-bit coins give 9.4."""
     n, q = SMALL_Q_SLOTS, SMALL_Q
     coins = PoissonSampler(n, q, entropy=lambda k: keystream(PUBLIC_KEY, bytes(16), k))
     count = coins.sample().size
