@@ -104,7 +104,7 @@ class RunState:
         return self.config.privacy.seed is not None
 
     def generator_states(self) -> dict[str, Any]:
-        """Every generator a resumed run needs (LoRA dropout uses torch's global generator)."""
+        """Every generator a resumed run needs (the record streams need none: see record_coins)."""
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         return {"sampler": self.sampler.state_dict(), "noise": self.noise.state_dict(),
                 "rollout": self.coins.state_dict(),
