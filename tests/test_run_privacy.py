@@ -31,6 +31,7 @@ CERTIFICATE_KEYS = {
     "noise_generator", "trainable_coordinates", "model", "task", "group_size", "canary_slots",
     "dpgrpo_version", "assumptions", "budget_independent_of", "shared_budget", "replace_one",
     "group_privacy", "target_epsilon", "not_releasable_because", "record_isolation",
+    "record_randomness",
 }
 NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2", "A3", "A4",
                "relation", "group", "method", "basis", "meaningful", "gradients", "rollouts",

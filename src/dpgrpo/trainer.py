@@ -41,6 +41,7 @@ from dpgrpo.metrics import open_metrics
 from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.privacy.contributors import round_prompts, sum_within_records
 from dpgrpo.privacy.journal import PrivacyJournal
+from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.quiet import quiet_model_loading
 from dpgrpo.resume import check_charged, gather_evidence, read_run_config, reconcile
 from dpgrpo.resume import release_is_current
@@ -134,14 +135,18 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
             journal.charge(t, q, sigma)                               # before touching data
         tic = time.perf_counter()
         sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
-        records = [run.slots[i] for i in sampled if run.slots[i] is not None]  # absent: zero
-        records = shard(records, ctx)                                 # this rank's records
+        mine = shard([int(i) for i in sampled if run.slots[i] is not None], ctx)  # absent: zero
+        records = [run.slots[i] for i in mine]                        # this rank's records
+        key = broadcast_object(run.coins.round_key(t) if ctx.is_main else None, ctx)
         laps.reset()
-        plan = round_prompts(records, run.chooser)                    # a contributor: <= k
-        batch, info = arm.batch(plan.prompts, run.rollout_generator())  # lines 4-6 (objective)
+        plan = round_prompts(records, run.chooser,                    # a contributor: <= k
+                             [key.reader(s, 0, "choose") for s in mine])
+        coins = PromptCoins.for_records(key, mine, plan.bounds)       # bound to (round, slot)
+        batch, info = arm.batch(plan.prompts, coins=coins)            # lines 4-6 (objective)
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                                  method=_grad_method(config),
-                                 rows_per_pass=config.train.rows_per_pass(arm.cap))  # line 6
+                                 rows_per_pass=config.train.rows_per_pass(arm.cap),
+                                 dropout_seeds=coins.seeds("dropout"))  # line 6
         grads = sum_within_records(grads, plan)                       # one gradient per record
         laps.mark("gradients")
         update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,

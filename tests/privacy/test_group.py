@@ -124,7 +124,8 @@ def _run(cfg, ledger):
                            expected_batch=20.0, seeded=False, num_canaries=0,
                            coordinates=1000, n_source="data.n_slots",
                            noise=SimpleNamespace(releasable=True, secure=True),
-                           sampler=SimpleNamespace(releasable=True))
+                           sampler=SimpleNamespace(releasable=True),
+                           coins=SimpleNamespace(releasable=True))
 
 
 def test_certificate_and_release_card_state_the_figures():
