@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpgrpo.arm_table import arm_spec
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, DPGRPOError
 
 MAX_GROUP_SIZE = 8
 #: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
@@ -57,6 +57,11 @@ class ModelConfig:
     init_adapter: str | None = None
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "model")
+        if not self.lora_alpha > 0:
+            raise ConfigError(f"model.lora_alpha must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"model.lora_dropout must lie in [0, 1), got {self.lora_dropout}")
         if self.lora_train not in LORA_TRAIN:
             raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
                               f"not {self.lora_train!r}")
@@ -119,6 +124,11 @@ class PrivacyConfig:
     group_sizes: tuple[int, ...] = (2, 3)  # certificate: k prompts of one person (2..8)
 
     def __post_init__(self) -> None:
+        _check_numbers(self, "privacy")
+        if not self.epsilon > 0:
+            raise ConfigError(f"privacy.epsilon must be > 0, got {self.epsilon}")
+        if self.seed is not None and self.seed < 0:
+            raise ConfigError(f"privacy.seed must be >= 0, got {self.seed}")
         ks = self.group_sizes
         if any(isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= MAX_GROUP_SIZE
                for k in ks) or len(set(ks)) != len(ks):
@@ -133,6 +143,10 @@ class PrivacyConfig:
             raise ConfigError(f"privacy.delta must lie in (0, 1), got {self.delta}")
         if self.noise_multiplier is not None and self.noise_multiplier < 0:
             raise ConfigError(f"privacy.noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.noise_multiplier:
+            from dpgrpo.privacy.limits import check_accountable_sigma
+
+            check_accountable_sigma(self.noise_multiplier, "privacy.noise_multiplier")
 
 
 @dataclass(frozen=True)
@@ -190,6 +204,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         spec = arm_spec(self.arm)  # ConfigError naming train.arm for an unknown arm
+        _check_numbers(self, "train")
         for name in ("steps", "group_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -198,8 +213,16 @@ class TrainConfig:
                               f"not {self.grad_method!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
-        if self.beta < 0 or self.temperature < 0:
-            raise ConfigError("train.beta and train.temperature must be >= 0")
+        if self.beta < 0:
+            raise ConfigError(f"train.beta must be >= 0, got {self.beta}")
+        if not self.temperature > 0:
+            raise ConfigError(f"train.temperature must be > 0, got {self.temperature}: GRPO "
+                              "compares G sampled completions of each prompt, and greedy "
+                              "decoding (0) makes them identical, so every advantage is zero")
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"train.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if spec.normalizes_groups and self.group_size < 2:
             raise ConfigError(f"train.group_size = {self.group_size} with arm {self.arm!r}: GRPO "
                               "normalizes rewards within each prompt's group of G completions, "
@@ -228,6 +251,11 @@ class AuditConfig:
 
     canaries: int = 0
     canary_seed: int = 0  # public: canary content is not secret, their inclusion bits are
+
+    def __post_init__(self) -> None:
+        for name in ("canaries", "canary_seed"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"audit.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -265,12 +293,65 @@ _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
 
 
 def _integer(value: Any) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+    """An int from a TOML int or an override's text; a bool, a float or "2.0" is refused (a
+    count written as 2.0 is a typo, and True is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(value)
-    return int(str(value).strip()) if isinstance(value, str) else int(value)
+    return int(value.strip()) if isinstance(value, str) else value
 
 
-def _coerce(section: str, key: str, value: Any) -> Any:
+def _type_name(base: Any) -> str:
+    if typing.get_origin(base) is tuple or base is tuple:
+        inner = typing.get_args(base)[:1]
+        return f"a list of {'integers' if inner == (int,) else 'strings'}"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        base, getattr(base, "__name__", str(base)))
+
+
+def _parse(base: Any, value: Any, text: bool) -> Any:
+    """``value`` as ``base``. TOML values (``text`` False) must already have the type: a TOML
+    boolean is not a number, a number is not a string, a float is not an int. Override text
+    (``text`` True) is parsed by the field's type."""
+    if typing.get_origin(base) is tuple or base is tuple:
+        if isinstance(value, str):
+            items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            raise ValueError(value)
+        if typing.get_args(base)[:1] == (int,):
+            return tuple(_integer(v) for v in items)
+        if not all(isinstance(v, str) for v in items):
+            raise ValueError(value)
+        return tuple(v.strip() for v in items if v.strip())
+    if text and not isinstance(value, str):
+        raise ValueError(value)
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if text and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(value)
+    if base is int:
+        if not text and isinstance(value, str):
+            raise ValueError(value)
+        return _integer(value)
+    if base is float:
+        if isinstance(value, bool) or (not text and isinstance(value, str)):
+            raise ValueError(value)
+        if not isinstance(value, (int, float, str)):
+            raise ValueError(value)
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value
+
+
+def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
+    """The value of ``section.key`` typed strictly by the field (see :func:`_parse`); a value
+    of the wrong type is a ConfigError naming the key, never silently converted."""
     cls = _CLASSES[section]
     hints = typing.get_type_hints(cls)
     if key not in hints:
@@ -286,31 +367,18 @@ def _coerce(section: str, key: str, value: Any) -> Any:
             raise ConfigError(f"'{section}.{key}' cannot be empty")
         return None
     try:
-        if typing.get_origin(base) is tuple or base is tuple:
-            items = value.split(",") if isinstance(value, str) else list(value)
-            if typing.get_args(base)[:1] == (int,):
-                return tuple(_integer(v) for v in items if str(v).strip())
-            return tuple(str(v).strip() for v in items if str(v).strip())
-        if base is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes", "on"):
-                return True
-            if str(value).lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError(value)
-        if base is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
-        if base is float:
-            out = float(value)
-            if math.isnan(out):
-                raise ValueError(value)
-            return out
-        return str(value)
+        return _parse(base, value, text)
     except (TypeError, ValueError):
-        raise ConfigError(f"'{section}.{key}' expects {getattr(base, '__name__', base)}, got {value!r}") from None
+        raise ConfigError(f"'{section}.{key}' expects {_type_name(base)}, got {value!r}") from None
+
+
+def _check_numbers(obj: Any, section: str) -> None:
+    """Every float field finite: inf or nan in a learning rate, a temperature or a privacy
+    parameter would train (or certify) something meaningless without a word."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"'{section}.{f.name}' must be a finite number, got {value}")
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConfig:
@@ -321,18 +389,29 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConf
             raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(_CLASSES)})")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
-        kwargs = {k: _coerce(section, k, v) for k, v in values.items()}
-        sections[section] = _CLASSES[section](**kwargs)
-    return RunConfig(**sections)
+        try:
+            kwargs = {k: _coerce(section, k, v) for k, v in values.items()}
+            sections[section] = _CLASSES[section](**kwargs)
+        except DPGRPOError as err:  # name the file too: "c.toml: 'train.steps' expects ..."
+            raise type(err)(f"{source}: {err}") from None
+    try:
+        return RunConfig(**sections)
+    except DPGRPOError as err:
+        raise type(err)(f"{source}: {err}") from None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Parse a TOML file; a missing file or bad TOML is a ConfigError naming the file."""
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as err:  # TOML is UTF-8 by definition
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); "
+                          "TOML files must be UTF-8") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a TOML config file") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: invalid TOML ({err})") from None
 
@@ -360,7 +439,7 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
         section, key = dotted.strip().split(".", 1)
         if section not in _CLASSES:
             raise ConfigError(f"unknown section '{section}' in override {item!r}")
-        changes.setdefault(section, {})[key] = _coerce(section, key, value.strip())
+        changes.setdefault(section, {})[key] = _coerce(section, key, value.strip(), text=True)
     if not changes:
         return config
     return replace(config, **{section: replace(getattr(config, section), **values)
