@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from dpgrpo.atomic import disk_full_guard
 from dpgrpo.errors import RunLockedError
 
 LOCK_NAME = ".lock"
@@ -33,9 +34,11 @@ class RunLock:
     def acquire(self) -> "RunLock":
         """Take the lock or raise :class:`RunLockedError` naming the holder's pid."""
         self._created = not self.directory.exists()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        with disk_full_guard(self.path):
+            self.directory.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            with disk_full_guard(self.path):
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -51,9 +54,14 @@ class RunLock:
             if _same_file(fd, self.path):  # not unlinked by a holder that just released it
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        try:
+            with disk_full_guard(self.path):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+        except BaseException:  # a full disk: no lock file (or run directory) left behind
+            self.release()
+            raise
         return self
 
     def release(self) -> None:
