@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.errors import ConfigError, DataError, UserCodeError
 from dpgrpo.tasks.base import LoadedSplit, Problem, Verdict, VerifiedTask
 
 #: ``reward(completion, problem) -> float`` (TRL's reward-callable convention, one completion).
@@ -69,7 +69,13 @@ class RewardTask(VerifiedTask):
         weights = self.reward_weights or (1.0,) * len(self.reward_fns)
         total = 0.0
         for fn, weight in zip(self.reward_fns, weights):
-            value = float(fn(response, record))
+            try:
+                value = float(fn(response, record))
+            except Exception as err:  # user code: one line naming the function, not a traceback
+                where = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+                text = " ".join(str(err).split())
+                raise UserCodeError(f"task {self.name!r}: reward function {where} raised "
+                                    f"{type(err).__name__}: {text}") from None
             total += weight * value if math.isfinite(value) else 0.0
         return total
 
