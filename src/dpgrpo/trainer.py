@@ -110,7 +110,8 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     with quiet_model_loading():
         run = build_run(config, run_dir, ctx)
-    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma)
+    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma,
+                             twin=RunDir(run_dir).journal_twin)
     notes: list[str] = []
     if resume:
         start = _restore(run, journal, ctx, notes)
@@ -255,9 +256,10 @@ def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: li
     start = 0 if found is None else found.round_done  # none: start over, rounds stay charged
     if not ctx.is_main:
         return start
-    scan = journal.open()
-    if scan.damaged or scan.torn_tail:
-        notes.append(f"{journal.path}: damaged line(s) {scan.damaged} charged as one round each")
+    journal.open()
+    notes += [f"{path}: damaged line(s) {scan.damaged} charged as one round each"
+              for path, scan in journal.scans.items() if scan.damaged or scan.torn_tail]
+    notes += journal.notes  # one file behind the other: brought up to the larger count
     evidence = gather_evidence(run.run_dir, run.q, run.sigma, found)
     note = reconcile(journal, evidence, start)
     if note is not None:
@@ -274,9 +276,7 @@ def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: li
 def _holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds any privacy record of an earlier run."""
     layout = RunDir(run_dir)
-    journal = layout.journal
-    return ((journal.exists() and journal.stat().st_size > 0)
-            or bool(checkpoint_dirs(layout.recovery)) or layout.ledger.exists()
+    return (layout.has_charges() or bool(checkpoint_dirs(layout.recovery)) or layout.ledger.exists()
             or layout.release.exists())
 
 
@@ -292,8 +292,7 @@ def _first_missing(path: Path) -> Path | None:
 
 def _remove_failed_start(run_dir: Path, created: Path | None, made_recovery: bool) -> None:
     """Undo a fresh start that failed before any round was charged (nothing touched data)."""
-    journal = RunDir(run_dir).journal
-    if journal.exists() and journal.stat().st_size > 0:
+    if RunDir(run_dir).has_charges():
         return  # rounds were charged: the records must stay
     if created is None:
         if made_recovery:
