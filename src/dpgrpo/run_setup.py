@@ -295,8 +295,11 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
                           f"run's arm, {arm.name}: {arm.description}"),
     }
     if cfg.private and math.isfinite(eps):
-        # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
-        cert.update(neighbour_figures(ledger.events, run.delta, cfg.privacy.group_sizes))
+        # replace-one and a person's k prompts, accounted at the same delta_pld, each delta
+        # with the noise-tail term at its own epsilon like the headline (privacy/figures.py)
+        cert.update(neighbour_figures(
+            ledger.events, run.delta, cfg.privacy.group_sizes,
+            tail=lambda e: noise_tail_delta(run.coordinates, ledger.rounds, e)))
         if cfg.privacy.noise_multiplier is None:
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:
