@@ -144,9 +144,14 @@ class TrainConfig:
     # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
     # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
     bound_memory: bool = True
-    # Opt-in logs of public values per round (round, epsilon, time per phase): "jsonl"
+    # Opt-in logs of public values per round (round, T, epsilon): "jsonl"
     # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.metrics)
     metrics: tuple[str, ...] = ()
+    # Also log wall-clock times (elapsed, time/round, time/<phase>) to train.metrics. They
+    # REVEAL THE REALIZED BATCH SIZE (time/reference tracks it at +0.996 on a quiet machine), a
+    # side channel outside the guarantee; default: private, in recovery/telemetry.jsonl. A
+    # releasable run refuses them with "wandb" (off the machine).
+    public_timings: bool = False
 
     def rows_per_pass(self, cap: int) -> int:
         """Rows per training/reference pass for completion cap ``cap`` (public values only):
@@ -217,6 +222,9 @@ class RunConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
+        from dpgrpo.metrics import check_timing_sinks
+
+        check_timing_sinks(self.train.metrics, self.train.public_timings, self.releasable)
         if not self.private:
             if self.privacy.noise_multiplier not in (None, 0.0):
                 raise ConfigError(f"train.arm = {self.train.arm!r} uses sigma = 0; "
@@ -229,6 +237,11 @@ class RunConfig:
     def private(self) -> bool:
         """Whether the arm adds noise (sigma > 0) and certifies an epsilon (the arm table)."""
         return arm_spec(self.train.arm).private
+
+    @property
+    def releasable(self) -> bool:
+        """Whether the run can be released as configured: a private arm, no debugging seed."""
+        return self.private and self.privacy.seed is None
 
     def to_dict(self, *, public: bool = True) -> dict[str, Any]:
         """Plain dict; with ``public`` the debugging seed is replaced by whether one was set."""

@@ -121,8 +121,9 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
             _write_recovery_config(run)
             journal.open()
     arm = make_arm(config, run.policy, run.task)
-    laps = arm.laps  # wall-clock per phase: public metrics (train.metrics), never data
-    metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True))
+    laps = arm.laps  # wall-clock per phase: private telemetry (they track the batch size)
+    metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True),
+                            timings=config.train.public_timings, releasable=config.releasable)
                if ctx.is_main else None)
     q, sigma, clip = run.q, run.sigma, run.clip_norm
     skipped = run.steps_skipped
@@ -154,12 +155,13 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         else:
             skipped += 1                                              # still charged
         laps.mark("step")
+        timings = {"time/round": time.perf_counter() - tic, **laps.row()}  # private by default
         run.telemetry.append({"round": t + 1, "batch_size": update.num_records,
                               "prompts": len(plan.prompts), **info,
                               "nonfinite_records": update.num_nonfinite,
                               "clipped_records": update.num_clipped,
                               "step_skipped": not update.finite,
-                              "seconds": time.perf_counter() - tic})
+                              "seconds": timings["time/round"], **timings})
         done_here += 1
         release_free_memory()                                         # RSS back to baseline
         if (progress is not None or metrics is not None) and ctx.is_main:
@@ -167,7 +169,9 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                       "epsilon": _epsilon_so_far(journal, config.private, run.delta),
                       "elapsed": time.perf_counter() - started}
             if metrics is not None:                                   # public values only
-                metrics.log({**public, "time/round": time.perf_counter() - tic, **laps.row()})
+                metrics.log({k: public[k] for k in ("round", "steps", "epsilon")}
+                            | (timings | {"elapsed": public["elapsed"]}
+                               if config.train.public_timings else {}))
             private = {"batch_size": update.num_records, "reward_mean": info.get("reward_mean")}
             if progress is not None:
                 progress({**public, **private} if show_private else public)
