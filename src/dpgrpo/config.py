@@ -56,7 +56,8 @@ class DataConfig:
     split: str = "train"
     source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
     # Public pre-processing: train on the first `limit` valid problems of the split; `limit`
-    # is also a public capacity, n = limit (+ canaries) unless n_slots is set.
+    # is also a public capacity, n = limit (+ canaries) unless n_slots is set. Refused with
+    # privacy_unit = "contributor" (truncation would couple contributors; issue 32).
     limit: int | None = None
     skip_invalid: bool = False  # skip invalid records instead of stopping; n does not shrink
     # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
@@ -79,6 +80,13 @@ class DataConfig:
                               f"not {self.privacy_unit!r}")
         if self.per_contributor < 1:
             raise ConfigError(f"data.per_contributor must be >= 1, got {self.per_contributor}")
+        if self.privacy_unit == "contributor" and self.limit is not None:
+            raise ConfigError(
+                f"data.limit = {self.limit} with data.privacy_unit = 'contributor': truncating "
+                "the problems before grouping them makes one contributor's removal change other "
+                "contributors' records (and pull in a new one), which the one-contributor "
+                "epsilon does not cover; remove data.limit, give only the problems to train on, "
+                "and fix n with data.n_slots")
         if self.contributors is not None and self.privacy_unit != "contributor":
             raise ConfigError("data.contributors maps problems to contributors for "
                               "data.privacy_unit = 'contributor'; set that too, or remove it")
