@@ -32,6 +32,7 @@ CERTIFICATE_KEYS = {
     "dpgrpo_version", "assumptions", "budget_independent_of", "shared_budget", "replace_one",
     "group_privacy", "target_epsilon", "not_releasable_because", "record_isolation",
     "adapter",  # what trained, what stayed frozen, the public warm start (issue 26)
+    "record_randomness",
 }
 NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2", "A3", "A4",
                "relation", "group", "method", "basis", "meaningful", "gradients", "rollouts",

@@ -64,3 +64,8 @@ class RunLockedError(DPGRPOError):
 
 class DiskFullError(DPGRPOError, OSError):
     """A write failed because the disk (or quota) is full; the message says where."""
+
+
+class MechanismAuditError(PrivacyError):
+    """The white-box audit measured the mechanism off its certificate (noise, clipping or the
+    denominator is not what the accountant assumed), so the certified epsilon is not valid."""

@@ -32,6 +32,8 @@ from dpgrpo.privacy.contributors import CONTRIBUTOR, ProblemChooser, as_contribu
 from dpgrpo.privacy.contributors import unit_description
 from dpgrpo.privacy.figures import neighbour_figures
 from dpgrpo.privacy.noise import GENERATOR, NoiseSource, check_noise_tail, noise_tail_delta
+from dpgrpo.privacy.record_coins import GENERATOR as RECORD_GENERATOR
+from dpgrpo.privacy.record_coins import RecordRandomness
 from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount
 from dpgrpo.rundir import RunDir
 
@@ -43,7 +45,10 @@ ASSUMPTIONS = {
           "batched floating-point inference kernels and the verifier's wall-clock limit can "
           "couple records outside exact arithmetic (not quantified)",
     "A3": "fresh hidden randomness: sampling coins, rollouts and noise from OS entropy, never "
-          "released (recovery/ holds generator states and must not be published)",
+          "released (recovery/ holds generator states and must not be published); each "
+          "record's rollout coins, dropout masks and shuffles are bound to its round and slot "
+          "(ChaCha20 under a fresh 256-bit round key, the slot as nonce), so they do not depend "
+          "on its batch-mates",
     "A4": "exact arithmetic: noise is drawn in binary floating point, not over the reals "
           "(its truncated tails are bounded and added to delta as noise_tail_delta; the "
           "discreteness of each fp64 draw is not quantified)",
@@ -83,7 +88,7 @@ class RunState:
     coordinates: int = 0          # d: trainable coordinates, each noised every round (public)
     steps_skipped: int = 0
     telemetry: list[dict[str, Any]] = field(default_factory=list)
-    _rollout_gen: torch.Generator | None = None
+    coins: RecordRandomness = field(default_factory=RecordRandomness)  # per-record streams
     chooser: ProblemChooser | None = None  # contributor-level DP: which k problems (hidden)
     init_adapter_sha256: str | None = None  # model.init_adapter's weights, read at start-up
 
@@ -100,25 +105,18 @@ class RunState:
     def seeded(self) -> bool:
         return self.config.privacy.seed is not None
 
-    def rollout_generator(self) -> torch.Generator:
-        """Rollout randomness: fresh OS entropy every round, or the debugging seed's stream."""
-        if self._rollout_gen is not None:
-            return self._rollout_gen
-        return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-
     def generator_states(self) -> dict[str, Any]:
-        """Every generator a resumed run needs (LoRA dropout uses torch's global generator)."""
+        """Every generator a resumed run needs (the record streams need none: see record_coins)."""
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         return {"sampler": self.sampler.state_dict(), "noise": self.noise.state_dict(),
-                "rollout": None if self._rollout_gen is None else self._rollout_gen.get_state(),
+                "rollout": self.coins.state_dict(),
                 "torch": torch.get_rng_state(), "cuda": cuda,
                 "chooser": None if self.chooser is None else self.chooser.state_dict()}
 
     def load_generator_states(self, states: dict[str, Any]) -> None:
         self.sampler.load_state_dict(states["sampler"])
         self.noise.load_state_dict(states["noise"])
-        if self._rollout_gen is not None and states.get("rollout") is not None:
-            self._rollout_gen.set_state(states["rollout"])
+        self.coins.load_state_dict(states.get("rollout"))
         if self.chooser is not None and states.get("chooser") is not None:
             self.chooser.load_state_dict(states["chooser"])
         if self.seeded:  # unseeded runs keep the fresh OS-entropy seed drawn at start-up
@@ -138,9 +136,8 @@ def _slots(config: RunConfig, task: Any, run_dir: Path,
     """n public slots (:func:`~dpgrpo.privacy.budget.public_slots`): the split's first valid
     problems, absent slots, then the canaries."""
     found = public_slots(config, task)
-    if found.skipped:  # the count is private: debug level only (invariant 6)
-        log.debug("skipped %d invalid records; `dpgrpo data summary --skip-invalid` lists them",
-                  found.skipped)
+    # found.skipped, the count of invalid records, is private: it reaches no log at any level
+    # (invariant 6); the curator lists them with `dpgrpo data summary --skip-invalid`.
     k, count = config.audit.canaries, found.count
     canaries = _canary_slots(config, run_dir, ctx, first_slot=count.n - k) if k else []
     if found.contributors is not None:  # the record is a contributor (privacy/contributors.py)
@@ -208,8 +205,9 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
 
         require_vllm(str(device))
     seed = p.seed
-    # torch's global generator drives LoRA's A initialization and dropout masks. Its built-in
-    # default seed is a public constant, so unseeded runs reseed it from OS entropy (A3); all
+    # torch's global generator drives LoRA's A initialization (dropout masks are reseeded per
+    # prompt from its (round, slot) stream inside a fork, grads.PromptDropout). Its built-in
+    # default seed is a public constant, so unseeded runs reseed it from OS entropy; all
     # ranks start from rank 0's draw so that they hold the same adapter.
     init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
     torch.manual_seed(init_seed)
@@ -222,8 +220,6 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     for peft_config in getattr(policy.model, "peft_config", {}).values():
         peft_config.base_model_name_or_path = public_model_name(m.name)  # hub id, not a cache path
     policy.model.train()
-    if ctx.active:  # distinct dropout masks per rank from here on
-        torch.manual_seed(init_seed + 7919 * ctx.rank)
     params = list(trainable_parameters(policy.model).values())
     coordinates = sum(prm.numel() for prm in params)
     if config.private:  # refuse before any round if the generator's tails would matter
@@ -231,7 +227,6 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
         check_noise_tail(noise_tail_delta(coordinates, steps, eps_gate), delta)
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)
-    rollout_gen = torch.Generator().manual_seed(seed + 2 + 7919 * ctx.rank) if seed is not None else None
     chooser = None
     if config.data.privacy_unit == CONTRIBUTOR:
         chooser = ProblemChooser(config.data.per_contributor,
@@ -242,7 +237,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
                     noise=NoiseSource(seed=None if seed is None else seed + 1),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
-                    coordinates=coordinates, _rollout_gen=rollout_gen, chooser=chooser,
+                    coordinates=coordinates, coins=RecordRandomness(seed=seed), chooser=chooser,
                     init_adapter_sha256=init_sha)
 
 
@@ -290,7 +285,8 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
     arm = arm_spec(cfg.train.arm)
     eps = ledger.epsilon(run.delta) if cfg.private else math.inf
     rdp, order = ledger.rdp_epsilon(run.delta) if cfg.private else (math.inf, math.nan)
-    releasable = cfg.private and not run.seeded and run.noise.releasable and run.sampler.releasable
+    releasable = (cfg.private and not run.seeded and run.noise.releasable
+                  and run.sampler.releasable and run.coins.releasable)
     tail = noise_tail_delta(run.coordinates, ledger.rounds, eps) if cfg.private else 0.0
     cert: dict[str, Any] = {
         "epsilon": eps, "delta": run.delta + tail, "delta_pld": run.delta,
@@ -305,7 +301,8 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "accountant": ACCOUNTANT, "accountant_version": accountant_version(),
         "rdp_epsilon": rdp, "rdp_order": order, "ledger": ledger.to_dict(),
         "seeded": run.seeded, "releasable": releasable, "noise": "secure" if run.noise.secure else "seeded",
-        "noise_generator": GENERATOR, "trainable_coordinates": run.coordinates,
+        "noise_generator": GENERATOR, "record_randomness": RECORD_GENERATOR,
+        "trainable_coordinates": run.coordinates,
         "adapter": adapter_statement(cfg.model, run.coordinates, run.init_adapter_sha256),
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
@@ -319,8 +316,11 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
                           f"run's arm, {arm.name}: {arm.description}"),
     }
     if cfg.private and math.isfinite(eps):
-        # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
-        cert.update(neighbour_figures(ledger.events, run.delta, cfg.privacy.group_sizes))
+        # replace-one and a person's k prompts, accounted at the same delta_pld, each delta
+        # with the noise-tail term at its own epsilon like the headline (privacy/figures.py)
+        cert.update(neighbour_figures(
+            ledger.events, run.delta, cfg.privacy.group_sizes,
+            tail=lambda e: noise_tail_delta(run.coordinates, ledger.rounds, e)))
         if cfg.privacy.noise_multiplier is None:
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:

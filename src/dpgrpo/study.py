@@ -178,11 +178,12 @@ def _overrides(table: Mapping[str, Any]) -> list[str]:
 def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Train (or resume, or skip when complete) one run; its certificate."""
     from dpgrpo.protocol import check_run_dir, release_complete
+    from dpgrpo.rundir import RunDir
     from dpgrpo.trainer import train
 
     check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
     if not release_complete(run_dir, config.train.steps):
-        resume = (run_dir / "recovery" / "journal.jsonl").exists()
+        resume = RunDir(run_dir).has_charges()
         train(None if resume else config, run_dir, resume=resume)
     return json.loads((run_dir / "release" / "certificate.json").read_text())
 
@@ -259,6 +260,20 @@ def _canary(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]
     outcome = run_canary_audit(run_dir, settings=_sampling(settings), seed=settings.audit_seed)
     write_canary_report(out, outcome)
     return canary_summary(outcome)
+
+
+def _whitebox(cert: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """The white-box mechanism audit (model-free, gradient canaries) at the DP-GRPO run's
+    certificate: a check of the mechanism, which the canary and DIBA audits cannot be."""
+    from dpgrpo.audit.mechanism_audit import audit_mechanism, setup_from_certificate
+    from dpgrpo.checkpoint import atomic_write_json
+
+    if (out / "summary.json").exists():
+        return json.loads((out / "summary.json").read_text())
+    audit = audit_mechanism(setup_from_certificate(dict(cert)), calibrate=True).to_dict()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "summary.json", audit)
+    return audit
 
 
 def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str, Any]:
@@ -513,8 +528,10 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
         leaky, private = tests["leaky-mia"] or leaky, tests["private-mia"] or private
         dp_leaky = tests.get("dp-leaky-mia") or dp_leaky
         sweeps = [_sweep(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
-    dp_run = next(s for s in plan.runs if s.arm == "dp-grpo")
-    cert = protocol.certificates[dp_run.name]
+        dp_run = next(s for s in plan.runs if s.arm == "dp-grpo")
+        cert = protocol.certificates[dp_run.name]
+        whitebox = steps.run("white-box mechanism audit (model-free)",
+                             lambda: _whitebox(cert, st.audit("mechanism")))
     results = {
         "config": str(config_path), "out_dir": str(out), "steps": steps.rows,
         "command": " ".join(["dpgrpo study", str(config_path), *(["--sweep"] if sweep else []),
@@ -524,7 +541,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
         "workers": settings.workers,
         "plan": plan.to_dict(), "protocol_results": _jsonable(protocol.summaries),
         "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky, "private_mia": private,
-        "canary": canary,
+        "canary": canary, "whitebox": whitebox,
         "private_audit_certificate": dp_cert, "dp_certificate": cert, "sweep": sweeps,
         "settings": {k: (dict(v) if isinstance(v, Mapping) else v)
                      for k, v in settings.__dict__.items()},
@@ -562,6 +579,14 @@ def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
     return {} if not test else {f"{key}_p": test["p_value"], f"{key}_null": test["null_band"]}
 
 
+def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The white-box audit's keys (none for results from before the audit existed)."""
+    if not audit:
+        return {}
+    return {"whitebox_eps_lower_bound": audit["whitebox_bound"]["epsilon_lower_bound"],
+            "whitebox_flagged": audit["flagged"]}
+
+
 def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     """The keys of ``cpu-study.json`` that the issue and the results page name."""
     report, cert = results["report"], results["dp_certificate"]
@@ -594,6 +619,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "audit_dp_auc_ceiling": results["private_mia"]["certified_auc_ceiling"], **dp_leaky,
         "canary_eps_lower_bound": canary["empirical_epsilon_lower_bound"],
         "certified_eps": canary["certified_epsilon"],
+        **_whitebox_keys(results.get("whitebox")),
         "dp_grpo_certified_eps": cert["epsilon"],
         "sweep": [{k: s[k] for k in ("epsilon", "dp_vs_control_pp", "dp_vs_control_ci", "mde",
                                      "refused") if k in s} for s in results["sweep"]],

@@ -28,11 +28,12 @@ def test_version():
 
 def test_output_and_json_flags_agree_across_commands():
     for path in (["train"], ["eval"], ["compare"], ["protocol"], ["study"], ["audit", "mia"],
-                 ["audit", "canary"], ["verify"]):
+                 ["audit", "canary"], ["audit", "mechanism"], ["verify"]):
         opts = _options(path)
         assert opts.get("-o") is False and opts.get("--out") is False, path
     for path in (["train"], ["eval"], ["compare"], ["protocol"], ["verify"], ["push"],
-                 ["rescore"], ["score"], ["data", "summary"], ["privacy", "epsilon"]):
+                 ["rescore"], ["score"], ["data", "summary"], ["privacy", "epsilon"],
+                 ["audit", "mechanism"]):
         assert _options(path).get("--json") is False, path
     assert _options(["train"])["--output-dir"] is True  # old spellings: hidden aliases
     assert _options(["protocol"])["--config"] is True

@@ -10,7 +10,12 @@ Pure parts (no model):
 * :mod:`~dpgrpo.audit.metrics`: AUC, balanced accuracy, TPR at fixed FPR;
 * :mod:`~dpgrpo.audit.one_run`: the one-run epsilon lower bound of Steinke, Nasr and Jagielski
   (2023);
-* :mod:`~dpgrpo.audit.canary`: canaries, secret inclusion bits, the saved plan, canary signal.
+* :mod:`~dpgrpo.audit.canary`: canaries, secret inclusion bits, the saved plan, canary signal;
+* :mod:`~dpgrpo.audit.gradient_canaries`, :mod:`~dpgrpo.audit.whitebox`,
+  :mod:`~dpgrpo.audit.whitebox_stats` and :mod:`~dpgrpo.audit.mechanism_audit`: the white-box
+  audit of the mechanism itself (``dpgrpo audit mechanism``; :func:`~dpgrpo.audit.
+  mechanism_audit.audit_mechanism`): gradient canaries through the real sampler, mechanism and
+  noise, which can fail a broken mechanism (docs/auditing.md).
 
 Model-facing parts: :mod:`~dpgrpo.audit.scoring` (sampling and scoring with the release and
 its base), :mod:`~dpgrpo.audit.pipeline` (audits of a run directory) and

@@ -1,7 +1,9 @@
-"""CLI commands: ``dpgrpo audit mia`` (DIBA) and ``dpgrpo audit canary`` (one-run bound).
+"""CLI commands: ``dpgrpo audit mia`` (DIBA), ``dpgrpo audit canary`` (one-run bound) and
+``dpgrpo audit mechanism`` (white-box gradient-canary audit of the mechanism).
 
-Thin wrappers over :mod:`dpgrpo.audit.pipeline` and :mod:`dpgrpo.audit.report`; library errors
-become one-line messages in :func:`dpgrpo.cli.main`.
+Thin wrappers over :mod:`dpgrpo.audit.pipeline`, :mod:`dpgrpo.audit.report` and
+:mod:`dpgrpo.audit.mechanism_audit`; library errors become one-line messages in
+:func:`dpgrpo.cli.main`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 import typer
 
 audit_app = typer.Typer(name="audit", no_args_is_help=True,
-                        help="Privacy audits of a released run: membership inference, canaries.")
+                        help="Privacy audits: membership inference, canaries, the mechanism itself.")
 
 _SAMPLES = typer.Option(8, "--samples", help="Responses sampled per prompt from each model.")
 _TEMPERATURE = typer.Option(0.5, "--temperature", help="Sampling temperature of the attack.")
@@ -133,6 +135,87 @@ def canary(
                f"correct on {a.m} canaries) | certified epsilon "
                f"{'n/a' if cert is None else f'{cert:.3f}'}")
     typer.echo(f"wrote {paths['summary.json']} and {paths['report.md']}")
+
+
+@audit_app.command("mechanism")
+def mechanism(
+    run: Path | None = typer.Option(None, "--run", help="Run directory: audit the mechanism "
+                                    "with its release/certificate.json (n, q, T, sigma, C, d)."),
+    config: Path | None = typer.Argument(None, help="Or a run config (TOML): its n "
+                                         "(data.n_slots or --n), q, T, C and calibrated sigma."),
+    n: int | None = typer.Option(None, "--n", help="Public slot count with --config."),
+    canaries: int | None = typer.Option(None, "--canaries",
+                                        help="Gradient canaries K (default min(n, 1000))."),
+    coordinates: int | None = typer.Option(None, "--coordinates",
+                                           help="Trainable coordinates d (default the run's)."),
+    mechanism_name: str = typer.Option("correct", "--mechanism",
+                                       help="correct, or a deliberately broken one to see the "
+                                            "audit fail: half_sigma, no_clipping, "
+                                            "half_coordinates, realized_batch."),
+    selection: str = typer.Option("design", "--selection", help="How the white-box bound's "
+                                  "guesses are fixed: design (in advance) or half."),
+    confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the bounds."),
+    calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate",
+                                   help="Also run audit mode (q = 1), which can fail."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed the canaries' bits and the "
+                                    "model-free run (debugging only; default: OS entropy)."),
+    end_to_end: bool = typer.Option(False, "--end-to-end", help="With CONFIG: real rollouts "
+                                    "and per-prompt gradients of its model and task beside the "
+                                    "canaries, which take absent slots (data.n_slots)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Also write the JSON record to "
+                                    "this file (never inside a release)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON."),
+) -> None:
+    """White-box audit of the mechanism with gradient canaries (model-free, or --end-to-end):
+    one-run lower bound, one-shot Gaussian estimate and analytic value beside the certified
+    epsilon; exits non-zero when audit mode flags the mechanism."""
+    from dpgrpo.audit import mechanism_audit as ma
+
+    overrides = {} if coordinates is None else {"coordinates": coordinates}
+    if (run is None) == (config is None):
+        raise typer.BadParameter("give exactly one of CONFIG or --run")
+    if out is not None:
+        from dpgrpo.audit.report import check_out_dir
+
+        check_out_dir(out)
+    if end_to_end:
+        import tempfile
+
+        from dpgrpo.config import load_config
+
+        if config is None:
+            raise typer.BadParameter("--end-to-end needs CONFIG")
+        cfg = load_config(config)
+        with tempfile.TemporaryDirectory(prefix="dpgrpo-audit-") as scratch:
+            audit = ma.audit_end_to_end(cfg, Path(scratch), canaries=canaries or 1000,
+                                        mechanism=mechanism_name, seed=seed,
+                                        confidence=confidence, selection=selection,
+                                        calibrate=calibrate)
+        _report(audit, out, as_json)
+        return
+    if run is not None:
+        setup = ma.setup_from_certificate(ma.read_certificate(run), canaries=canaries, **overrides)
+    else:
+        from dpgrpo.config import load_config
+
+        setup = ma.setup_from_config(load_config(config), canaries=canaries, n=n, **overrides)
+    audit = ma.audit_mechanism(setup, mechanism_name, seed=seed, confidence=confidence,
+                               selection=selection, calibrate=calibrate)
+    _report(audit, out, as_json)
+
+
+def _report(audit, out: Path | None, as_json: bool) -> None:  # noqa: ANN001
+    """Print (and write) the audit, then fail with MechanismAuditError if it flagged."""
+    import json
+
+    from dpgrpo.audit import mechanism_audit as ma
+
+    if out is not None:
+        from dpgrpo.atomic import atomic_write_text
+
+        atomic_write_text(out, json.dumps(audit.to_dict(), indent=1) + "\n")
+    typer.echo(json.dumps(audit.to_dict(), indent=1) if as_json else ma.summary_lines(audit))
+    ma.require_passed(audit)
 
 
 def register(app: typer.Typer) -> None:

@@ -172,6 +172,38 @@ def _jax_reference() -> float:
     return abs(pld_epsilon([RoundEvent(0.1, 3.0, 512)], 1e-6) - 3.77)
 
 
+#: Audit mode of the study's operating point (sigma 0.344, C 0.055, T 12) at q = 1, with 1,000
+#: gradient canaries in a 2,048-coordinate space (the statistic does not depend on d).
+AUDIT_PRESET = {"sigma": 0.344, "clip_norm": 0.055, "steps": 12, "canaries": 1000,
+                "coordinates": 2048}
+
+
+def audit_verdict_errors(mechanism: str = "correct") -> int:
+    """Wrong verdicts of the white-box audit over the real mechanism and the four broken ones:
+    ``mechanism`` should pass and each broken one be flagged. Passing a broken name as
+    ``mechanism`` (what a bug in privatize would look like) makes the check fail."""
+    from dpgrpo.audit.mechanism_audit import detection
+    from dpgrpo.audit.whitebox import BROKEN, AuditSetup
+
+    a = AUDIT_PRESET
+    setup = AuditSetup(n=a["canaries"], q=1.0, steps=a["steps"], sigma=a["sigma"],
+                       clip_norm=a["clip_norm"], delta=1e-5, coordinates=a["coordinates"],
+                       canaries=a["canaries"])
+    broken = tuple(b for b in BROKEN if b != mechanism)
+    out = detection(setup, mechanisms=(mechanism, *broken))
+    return out[mechanism]["flagged"] + sum(1 - out[b]["flagged"] for b in broken)
+
+
+@check("audit_detects_broken_mechanism", tolerance=0.0,
+       detail="wrong verdicts of the white-box gradient-canary audit at q = 1 (1,000 canaries, "
+              "sigma 0.344, T 12): the real mechanism must pass (measured mu within 5% of "
+              "sqrt(T)/sigma, noise scale within 5%) and sigma/2, no clipping (canaries of norm "
+              "10 C), noise on half the coordinates and the realized-batch denominator must "
+              "each be flagged; OS entropy")
+def _audit_detects_broken() -> float:
+    return float(audit_verdict_errors())
+
+
 def reset() -> None:
     """Forget the cached Poisson draws, so that every run of the checks samples afresh."""
     _POISSON.clear()

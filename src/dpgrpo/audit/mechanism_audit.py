@@ -1,0 +1,240 @@
+"""``dpgrpo audit mechanism``: audit the privacy mechanism itself with gradient canaries.
+
+One call runs the real mechanism over K gradient canaries for T rounds
+(:func:`dpgrpo.audit.whitebox.simulate`) and reports, beside the certified epsilon:
+
+* the one-run lower bound at 95% (Steinke et al.) for the white-box adversary and for the
+  final-model adversary;
+* the one-shot Gaussian estimate (Andrew et al.): mu and its epsilon at the run's delta;
+* the analytic values the certificate implies for the same observations;
+* with ``calibrate=True``, audit mode: the same sigma, C, T and trainable space at q = 1, where
+  the certificate fixes the canary statistic's mu at sqrt(T)/sigma; a mechanism whose measured mu
+  or noise scale is off by more than 5% is flagged (the audit's way to fail).
+
+A lower bound is a proof (at its confidence) that the mechanism is no better than that epsilon;
+it proves nothing about an upper bound. docs/auditing.md says what each number means.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpgrpo.audit.whitebox import BROKEN, AuditSetup, Observation, simulate
+from dpgrpo.audit.whitebox_stats import (analytic, calibration, design, gaussian_fit,
+                                         llr_scores, one_run_bound, sum_statistic)
+from dpgrpo.errors import ConfigError, MechanismAuditError
+
+DEFAULT_CANARIES = 1000
+
+
+@dataclass(frozen=True)
+class MechanismAudit:
+    """Every figure of one audit (JSON-ready through :meth:`to_dict`)."""
+
+    setup: dict
+    mechanism: str
+    certified_epsilon: float | None
+    whitebox_bound: dict
+    final_bound: dict
+    whitebox_fit: dict
+    final_fit: dict
+    analytic: dict
+    calibration: dict | None = None
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def flagged(self) -> bool:
+        """True when audit mode found the mechanism off its certificate, or a lower bound
+        exceeds the certified epsilon."""
+        over = self.certified_epsilon is not None and max(
+            self.whitebox_bound["epsilon_lower_bound"],
+            self.final_bound["epsilon_lower_bound"]) > self.certified_epsilon
+        return bool(over or (self.calibration or {}).get("flagged", False))
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"flagged": self.flagged}
+
+
+def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
+            ) -> tuple[dict, dict, dict]:
+    scores = llr_scores(obs.rounds, s.q, s.sigma)
+    info: dict[str, Any] = {}
+    if selection == "design":
+        ks, expected = design(s.canaries, s.q, s.sigma, s.steps, s.delta, confidence)
+        info = {"design_median_bound": expected}
+        wb = one_run_bound(scores, obs.included, delta=s.delta, confidence=confidence,
+                           selection="design", ks=ks)
+    else:
+        wb = one_run_bound(scores, obs.included, delta=s.delta, confidence=confidence)
+    final = one_run_bound(obs.final, obs.included, delta=s.delta, confidence=confidence)
+    return wb.to_dict(), final.to_dict(), info
+
+
+def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
+          confidence: float = 0.95, selection: str = "design") -> MechanismAudit:
+    """Every statistic of one observed run (no audit mode)."""
+    if selection not in ("design", "half"):
+        raise ConfigError(f"selection must be 'design' or 'half', got {selection!r}")
+    wb, final, info = _bounds(obs, setup, confidence, selection)
+    return MechanismAudit(
+        setup=setup.to_dict(), mechanism=mechanism, certified_epsilon=setup.certified_epsilon,
+        whitebox_bound=wb, final_bound=final,
+        whitebox_fit=gaussian_fit(sum_statistic(obs.rounds), obs.included, setup.delta).to_dict(),
+        final_fit=gaussian_fit(obs.final, obs.included, setup.delta).to_dict(),
+        analytic=analytic(setup.q, setup.sigma, setup.steps, setup.delta) | info,
+        seconds=obs.seconds)
+
+
+def audit_mechanism(setup: AuditSetup, mechanism: str = "correct", *, seed: int | None = None,
+                    confidence: float = 0.95, selection: str = "design",
+                    calibrate: bool = False) -> MechanismAudit:
+    """Run and score one model-free audit (module docstring); ``seed`` only for tests and
+    benchmarks. ``calibrate`` adds audit mode (q = 1), the part that can fail."""
+    audit = score(setup, simulate(setup, mechanism, seed=seed), mechanism,
+                  confidence=confidence, selection=selection)
+    return _with_calibration(audit, setup, mechanism, seed) if calibrate else audit
+
+
+def _with_calibration(audit: MechanismAudit, setup: AuditSetup, mechanism: str,
+                      seed: int | None) -> MechanismAudit:
+    q1 = simulate(setup.audit_mode(), mechanism, seed=None if seed is None else seed + 100)
+    cal = calibration(q1.rounds, q1.included, sigma=setup.sigma).to_dict()
+    return replace(audit, calibration=cal, seconds=audit.seconds + q1.seconds)
+
+
+def audit_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
+                     mechanism: str = "correct", seed: int | None = None,
+                     confidence: float = 0.95, selection: str = "design",
+                     calibrate: bool = False) -> MechanismAudit:
+    """The end-to-end mode (:mod:`dpgrpo.audit.end_to_end`): real rollouts and per-prompt
+    gradients of ``config``'s model and task beside the canaries, then the same statistics."""
+    from dpgrpo.audit.end_to_end import simulate_end_to_end
+
+    setup, obs = simulate_end_to_end(config, run_dir, canaries=canaries, mechanism=mechanism,
+                                     seed=seed)
+    audit = replace(score(setup, obs, mechanism, confidence=confidence, selection=selection),
+                    extra={"mode": "end-to-end", "model": config.model.name,
+                           "task": config.data.task})
+    return _with_calibration(audit, setup, mechanism, seed) if calibrate else audit
+
+
+def detection(setup: AuditSetup, *, trials: int = 1, seed: int | None = None,
+              mechanisms: tuple[str, ...] = ("correct", *BROKEN)) -> dict[str, dict]:
+    """Audit mode (q = 1) on each mechanism ``trials`` times: how often each is flagged, and the
+    measured mu relative to sqrt(T)/sigma."""
+    mode = setup.audit_mode()
+    out: dict[str, dict] = {}
+    for j, name in enumerate(mechanisms):
+        cals = [calibration(o.rounds, o.included, sigma=mode.sigma) for o in (
+            simulate(mode, name, seed=None if seed is None else seed + 1000 * j + t)
+            for t in range(trials))]
+        ratios = [c.mu_ratio for c in cals]
+        out[name] = {"flagged": sum(c.flagged for c in cals), "trials": trials,
+                     "mu_ratio_min": float(np.min(ratios)), "mu_ratio_max": float(np.max(ratios)),
+                     "noise_scale_mean": float(np.mean([c.noise_scale for c in cals]))}
+    return out
+
+
+def setup_from_certificate(cert: dict, *, canaries: int | None = None, **overrides: Any
+                           ) -> AuditSetup:
+    """The audit's public parameters from a run's certificate (release/certificate.json)."""
+    if not cert.get("private", True) or not cert.get("sigma"):
+        raise ConfigError("the certificate is not of a private run: nothing to audit")
+    n = int(cert["n"])
+    k = min(n, DEFAULT_CANARIES) if canaries is None else canaries
+    fields = dict(n=n, q=float(cert["q"]), steps=int(cert["steps"]), sigma=float(cert["sigma"]),
+                  clip_norm=float(cert["clip_norm"]), delta=float(cert["delta"]),
+                  coordinates=max(int(cert.get("trainable_coordinates") or 0), k),
+                  canaries=k, certified_epsilon=float(cert["epsilon"]))
+    return AuditSetup(**(fields | overrides))
+
+
+def setup_from_config(config: Any, *, canaries: int | None = None, **overrides: Any) -> AuditSetup:
+    """The audit's public parameters from a RunConfig, without training: n, q, T, C and the
+    calibrated sigma (the trainable-coordinate count, which needs the model, defaults to
+    max(K, 4096) unless given)."""
+    from dpgrpo.privacy.accounting import RoundEvent, default_delta, pld_epsilon, sampling_rate
+    from dpgrpo.privacy.calibration import calibrate
+
+    p = config.privacy
+    n = overrides.pop("n", None) or config.data.n_slots
+    if n is None:
+        raise ConfigError("the audit needs the public slot count n: set data.n_slots or pass n "
+                          "(or audit a trained run's certificate with --run)")
+    q = sampling_rate(int(n), p.expected_batch)
+    delta = p.delta or default_delta(int(n))
+    steps = config.train.steps
+    sigma = p.noise_multiplier or calibrate(int(n), p.expected_batch, steps, p.epsilon,
+                                            delta).sigma
+    k = min(n, DEFAULT_CANARIES) if canaries is None else canaries
+    fields = dict(n=int(n), q=q, steps=steps, sigma=float(sigma), clip_norm=p.clip_norm,
+                  delta=delta,
+                  coordinates=max(k, 4096), canaries=k,
+                  certified_epsilon=pld_epsilon([RoundEvent(q, float(sigma), steps)], delta),
+                  learning_rate=config.train.learning_rate,
+                  weight_decay=config.train.weight_decay)
+    return AuditSetup(**(fields | overrides))
+
+
+def read_certificate(run_dir: str | Path) -> dict:
+    """``RUN_DIR/release/certificate.json``."""
+    path = Path(run_dir) / "release" / "certificate.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"cannot read the run's certificate {path}: {err}") from err
+
+
+def require_passed(audit: MechanismAudit) -> None:
+    """Raise :class:`MechanismAuditError` when the audit flags the mechanism."""
+    if not audit.flagged:
+        return
+    cal = audit.calibration or {}
+    detail = (f"measured mu {cal['mu']:.3f} vs certified {cal['mu_certified']:.3f}, noise scale "
+              f"{cal['noise_scale']:.3f}" if cal.get("flagged") else
+              f"one-run lower bound above the certified epsilon {audit.certified_epsilon}")
+    raise MechanismAuditError(f"the {audit.mechanism} mechanism fails its certificate's audit: "
+                              f"{detail}; the certified epsilon cannot be trusted")
+
+
+
+
+def summary_lines(audit: MechanismAudit) -> str:
+    """The audit's figures in a few lines, certified epsilon beside each."""
+    s, a = audit.setup, audit.analytic
+    cert = "n/a" if audit.certified_epsilon is None else f"{audit.certified_epsilon:.3f}"
+    wb, fb, wf, ff = audit.whitebox_bound, audit.final_bound, audit.whitebox_fit, audit.final_fit
+    lines = [
+        f"mechanism audit ({audit.mechanism}): K = {s['canaries']} gradient canaries, n = "
+        f"{s['n']}, q = {s['q']:.4g}, T = {s['steps']}, sigma = {s['sigma']:.4g}, C = "
+        f"{s['clip_norm']:.4g}, d = {s['coordinates']}, delta = {s['delta']:.3g}; certified "
+        f"epsilon {cert}",
+        f"  one-run lower bound ({wb['confidence']:.0%}): white-box {wb['epsilon_lower_bound']:.3f}"
+        f" ({wb['v']}/{wb['r']} correct), final model {fb['epsilon_lower_bound']:.3f} "
+        f"({fb['v']}/{fb['r']})",
+        f"  one-shot Gaussian fit: white-box mu {wf['mu']:.3f} (epsilon {wf['epsilon']:.3f}), "
+        f"final model mu {ff['mu']:.3f} (epsilon {ff['epsilon']:.3f})",
+        f"  analytic: white-box epsilon {a['whitebox_epsilon']:.3f}; the statistic's mu "
+        f"{a['statistic_mu']:.3f} (epsilon {a['statistic_epsilon']:.3f})"
+        + (f"; expected one-run bound {a['design_median_bound']:.3f}"
+           if "design_median_bound" in a else ""),
+    ]
+    cal = audit.calibration
+    if cal is not None:
+        lines.append(f"  audit mode (q = 1): mu {cal['mu']:.3f} vs certified "
+                     f"{cal['mu_certified']:.3f} (ratio {cal['mu_ratio']:.3f}), noise scale "
+                     f"{cal['noise_scale']:.3f}: {'FLAGGED' if cal['flagged'] else 'passed'} "
+                     f"(tolerance {cal['tolerance']:.0%})")
+    lines.append(f"  {audit.seconds:.1f} s")
+    return "\n".join(lines)
+
+
+__all__ = ["MechanismAudit", "audit_end_to_end", "audit_mechanism", "detection",
+           "read_certificate", "require_passed", "score", "setup_from_certificate",
+           "setup_from_config", "summary_lines"]
