@@ -125,7 +125,7 @@ def _run(cfg, ledger):
                            coordinates=1000, n_source="data.n_slots",
                            noise=SimpleNamespace(releasable=True, secure=True),
                            sampler=SimpleNamespace(releasable=True),
-                           coins=SimpleNamespace(releasable=True))
+                           coins=SimpleNamespace(releasable=True), init_adapter_sha256=None)
 
 
 def test_certificate_and_release_card_state_the_figures():
