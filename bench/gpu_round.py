@@ -211,13 +211,14 @@ def hooks_ab(model: Any, batch: Any, prompts: int, rows: int, device: str,
     out: dict[str, Any] = {}
     for i in range(repeats):
         for name in ("previous", "current") if i % 2 == 0 else ("current", "previous"):
-            torch.manual_seed(7)                               # the same dropout masks
+            torch.manual_seed(7)        # the same dropout masks: the same per-prompt seeds
             with previous_hooks() if name == "previous" else contextlib.nullcontext():
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 out[name] = per_prompt_grads(model, GRPOObjective(beta=0.04), sub,
-                                             method="fast", rows_per_pass=rows)
+                                             method="fast", rows_per_pass=rows,
+                                             dropout_seeds=list(range(1, prompts + 1)))
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - t0)

@@ -133,7 +133,8 @@ def _release_readme(cert: dict[str, Any]) -> str:
 
         groups = "; ".join(f"k = {g.get('group')}: {fig(g)}" for g in cert.get("group_privacy", []))
         protects = (
-            f"What each figure protects, all at the same delta: epsilon = {eps} protects one "
+            "What each figure protects, all accounted at the same delta (each with the "
+            f"noise-tail term at its own epsilon): epsilon = {eps} protects one "
             "problem (with its reference answer) added to or removed from the training set; "
             f"replace-one {fig(cert['replace_one'])} protects one problem swapped for another; "
             f"a person who contributed k problems, all added or removed together, is protected "

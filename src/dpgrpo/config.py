@@ -83,7 +83,8 @@ class DataConfig:
     split: str = "train"
     source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
     # Public pre-processing: train on the first `limit` valid problems of the split; `limit`
-    # is also a public capacity, n = limit (+ canaries) unless n_slots is set.
+    # is also a public capacity, n = limit (+ canaries) unless n_slots is set. Refused with
+    # privacy_unit = "contributor" (truncation would couple contributors; issue 32).
     limit: int | None = None
     skip_invalid: bool = False  # skip invalid records instead of stopping; n does not shrink
     # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
@@ -106,6 +107,13 @@ class DataConfig:
                               f"not {self.privacy_unit!r}")
         if self.per_contributor < 1:
             raise ConfigError(f"data.per_contributor must be >= 1, got {self.per_contributor}")
+        if self.privacy_unit == "contributor" and self.limit is not None:
+            raise ConfigError(
+                f"data.limit = {self.limit} with data.privacy_unit = 'contributor': truncating "
+                "the problems before grouping them makes one contributor's removal change other "
+                "contributors' records (and pull in a new one), which the one-contributor "
+                "epsilon does not cover; remove data.limit, give only the problems to train on, "
+                "and fix n with data.n_slots")
         if self.contributors is not None and self.privacy_unit != "contributor":
             raise ConfigError("data.contributors maps problems to contributors for "
                               "data.privacy_unit = 'contributor'; set that too, or remove it")
@@ -180,9 +188,14 @@ class TrainConfig:
     # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
     # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
     bound_memory: bool = True
-    # Opt-in logs of public values per round (round, epsilon, time per phase): "jsonl"
+    # Opt-in logs of public values per round (round, T, epsilon): "jsonl"
     # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.metrics)
     metrics: tuple[str, ...] = ()
+    # Also log wall-clock times (elapsed, time/round, time/<phase>) to train.metrics. They
+    # REVEAL THE REALIZED BATCH SIZE (time/reference tracks it at +0.996 on a quiet machine), a
+    # side channel outside the guarantee; default: private, in recovery/telemetry.jsonl. A
+    # releasable run refuses them with "wandb" (off the machine).
+    public_timings: bool = False
 
     def rows_per_pass(self, cap: int) -> int:
         """Rows per training/reference pass for completion cap ``cap`` (public values only):
@@ -267,6 +280,9 @@ class RunConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
+        from dpgrpo.metrics import check_timing_sinks
+
+        check_timing_sinks(self.train.metrics, self.train.public_timings, self.releasable)
         if not self.private:
             if self.privacy.noise_multiplier not in (None, 0.0):
                 raise ConfigError(f"train.arm = {self.train.arm!r} uses sigma = 0; "
@@ -279,6 +295,11 @@ class RunConfig:
     def private(self) -> bool:
         """Whether the arm adds noise (sigma > 0) and certifies an epsilon (the arm table)."""
         return arm_spec(self.train.arm).private
+
+    @property
+    def releasable(self) -> bool:
+        """Whether the run can be released as configured: a private arm, no debugging seed."""
+        return self.private and self.privacy.seed is None
 
     def to_dict(self, *, public: bool = True) -> dict[str, Any]:
         """Plain dict; with ``public`` the debugging seed is replaced by whether one was set."""

@@ -160,9 +160,8 @@ def _slots(config: RunConfig, task: Any, run_dir: Path,
     """n public slots (:func:`~dpgrpo.privacy.budget.public_slots`): the split's first valid
     problems, absent slots, then the canaries."""
     found = public_slots(config, task)
-    if found.skipped:  # the count is private: debug level only (invariant 6)
-        log.debug("skipped %d invalid records; `dpgrpo data summary --skip-invalid` lists them",
-                  found.skipped)
+    # found.skipped, the count of invalid records, is private: it reaches no log at any level
+    # (invariant 6); the curator lists them with `dpgrpo data summary --skip-invalid`.
     k, count = config.audit.canaries, found.count
     canaries = _canary_slots(config, run_dir, ctx, first_slot=count.n - k) if k else []
     if found.contributors is not None:  # the record is a contributor (privacy/contributors.py)
@@ -341,8 +340,11 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
                           f"run's arm, {arm.name}: {arm.description}"),
     }
     if cfg.private and math.isfinite(eps):
-        # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
-        cert.update(neighbour_figures(ledger.events, run.delta, cfg.privacy.group_sizes))
+        # replace-one and a person's k prompts, accounted at the same delta_pld, each delta
+        # with the noise-tail term at its own epsilon like the headline (privacy/figures.py)
+        cert.update(neighbour_figures(
+            ledger.events, run.delta, cfg.privacy.group_sizes,
+            tail=lambda e: noise_tail_delta(run.coordinates, ledger.rounds, e)))
         if cfg.privacy.noise_multiplier is None:
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:

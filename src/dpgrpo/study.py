@@ -178,11 +178,12 @@ def _overrides(table: Mapping[str, Any]) -> list[str]:
 def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Train (or resume, or skip when complete) one run; its certificate."""
     from dpgrpo.protocol import check_run_dir, release_complete
+    from dpgrpo.rundir import RunDir
     from dpgrpo.trainer import train
 
     check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
     if not release_complete(run_dir, config.train.steps):
-        resume = (run_dir / "recovery" / "journal.jsonl").exists()
+        resume = RunDir(run_dir).has_charges()
         train(None if resume else config, run_dir, resume=resume)
     return json.loads((run_dir / "release" / "certificate.json").read_text())
 

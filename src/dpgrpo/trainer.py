@@ -111,7 +111,8 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     with quiet_model_loading():
         run = build_run(config, run_dir, ctx)
-    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma)
+    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma,
+                             twin=RunDir(run_dir).journal_twin)
     notes: list[str] = []
     if resume:
         start = _restore(run, journal, ctx, notes)
@@ -121,8 +122,9 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
             _write_recovery_config(run)
             journal.open()
     arm = make_arm(config, run.policy, run.task)
-    laps = arm.laps  # wall-clock per phase: public metrics (train.metrics), never data
-    metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True))
+    laps = arm.laps  # wall-clock per phase: private telemetry (they track the batch size)
+    metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True),
+                            timings=config.train.public_timings, releasable=config.releasable)
                if ctx.is_main else None)
     q, sigma, clip = run.q, run.sigma, run.clip_norm
     skipped = run.steps_skipped
@@ -163,12 +165,13 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         else:
             skipped += 1                                              # still charged
         laps.mark("step")
+        timings = {"time/round": time.perf_counter() - tic, **laps.row()}  # private by default
         run.telemetry.append({"round": t + 1, "batch_size": update.num_records,
                               "prompts": len(plan.prompts), **info,
                               "nonfinite_records": update.num_nonfinite,
                               "clipped_records": update.num_clipped,
                               "step_skipped": not update.finite,
-                              "seconds": time.perf_counter() - tic})
+                              "seconds": timings["time/round"], **timings})
         done_here += 1
         release_free_memory()                                         # RSS back to baseline
         if (progress is not None or metrics is not None) and ctx.is_main:
@@ -176,7 +179,9 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                       "epsilon": _epsilon_so_far(journal, config.private, run.delta),
                       "elapsed": time.perf_counter() - started}
             if metrics is not None:                                   # public values only
-                metrics.log({**public, "time/round": time.perf_counter() - tic, **laps.row()})
+                metrics.log({k: public[k] for k in ("round", "steps", "epsilon")}
+                            | (timings | {"elapsed": public["elapsed"]}
+                               if config.train.public_timings else {}))
             private = {"batch_size": update.num_records, "reward_mean": info.get("reward_mean")}
             if progress is not None:
                 progress({**public, **private} if show_private else public)
@@ -265,9 +270,10 @@ def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: li
     start = 0 if found is None else found.round_done  # none: start over, rounds stay charged
     if not ctx.is_main:
         return start
-    scan = journal.open()
-    if scan.damaged or scan.torn_tail:
-        notes.append(f"{journal.path}: damaged line(s) {scan.damaged} charged as one round each")
+    journal.open()
+    notes += [f"{path}: damaged line(s) {scan.damaged} charged as one round each"
+              for path, scan in journal.scans.items() if scan.damaged or scan.torn_tail]
+    notes += journal.notes  # one file behind the other: brought up to the larger count
     evidence = gather_evidence(run.run_dir, run.q, run.sigma, found)
     note = reconcile(journal, evidence, start)
     if note is not None:
@@ -284,9 +290,7 @@ def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: li
 def _holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds any privacy record of an earlier run."""
     layout = RunDir(run_dir)
-    journal = layout.journal
-    return ((journal.exists() and journal.stat().st_size > 0)
-            or bool(checkpoint_dirs(layout.recovery)) or layout.ledger.exists()
+    return (layout.has_charges() or bool(checkpoint_dirs(layout.recovery)) or layout.ledger.exists()
             or layout.release.exists())
 
 
@@ -302,8 +306,7 @@ def _first_missing(path: Path) -> Path | None:
 
 def _remove_failed_start(run_dir: Path, created: Path | None, made_recovery: bool) -> None:
     """Undo a fresh start that failed before any round was charged (nothing touched data)."""
-    journal = RunDir(run_dir).journal
-    if journal.exists() and journal.stat().st_size > 0:
+    if RunDir(run_dir).has_charges():
         return  # rounds were charged: the records must stay
     if created is None:
         if made_recovery:

@@ -6,8 +6,10 @@ The attacks themselves are in test_hostile_completions.py.
 from __future__ import annotations
 
 import os
+import subprocess
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +221,42 @@ def test_with_seccomp_the_kernel_refuses_threads_and_processes():
         "    except OSError as err:\n        out.append(err.errno)\n    return out\n")
     result = run_tests(program, "def check(candidate):\n    assert candidate(0) == 0\n\ncheck(f)\n")
     assert "returned ['no thread', 1]" in result.output, result.output
+
+
+class _ShellLauncher:
+    """A stand-in launcher whose first child outlives it, as bubblewrap's pid 1 can for a
+    moment after the launcher has reported the command's exit status."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+
+    def popen(self, layout, argv, pass_fds=(), **kwargs):
+        return subprocess.Popen(["/bin/sh", "-c", self.script], pass_fds=pass_fds, **kwargs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return False
+
+
+def _jail(script: str, tmp_path):
+    jail = sandbox._Jail(_ShellLauncher(script), "_sandbox_child.py", {}, tmp_path / "out", ())
+    assert jail.pid1 is not None
+    return jail, sandbox._children(jail.proc.pid)[0]
+
+
+def test_a_normal_end_waits_for_the_namespace_pid_1(tmp_path):
+    """The launcher exits at once; its child (the namespace's pid 1) lives 0.6 s more: the
+    jail's wait returns only once that child has ended."""
+    jail, pid1 = _jail("sleep 0.6 & exec sleep 0.05", tmp_path)
+    assert jail.wait(5)
+    assert not _alive(pid1)
+
+
+def test_a_kill_ends_the_namespace_pid_1_before_returning(tmp_path):
+    jail, pid1 = _jail("sleep 30 & wait", tmp_path)
+    assert _alive(pid1)
+    jail.kill()
+    assert not _alive(pid1) and jail.proc.returncode is not None

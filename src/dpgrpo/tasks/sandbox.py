@@ -32,6 +32,7 @@ import json
 import math
 import os
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -133,6 +134,7 @@ class _Jail:
             self.proc = found.popen(lay, argv, fds, stdin=subprocess.PIPE, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     env={"PATH": os.defpath}, cwd=output.parent)
+        self.pid1 = _pid1_fd(self.proc)
         try:
             self.proc.stdin.write(json.dumps(payload).encode())  # read whole before anything
             self.proc.stdin.close()
@@ -140,16 +142,18 @@ class _Jail:
             pass
 
     def wait(self, seconds: float) -> bool:
-        """True if it ended within ``seconds``."""
+        """True if it ended within ``seconds``; then every process of its namespace is gone."""
         try:
             self.proc.wait(max(seconds, 0))
-            return True
         except subprocess.TimeoutExpired:
             return False
+        self._end_namespace(grace=2.0)
+        return True
 
     def kill(self) -> None:
-        """SIGKILL the namespace's pid 1 and reap the launcher, which reaps pid 1 only after the
-        kernel has killed every other process of the namespace."""
+        """SIGKILL the namespace's pid 1, wait until the kernel has killed every process of the
+        namespace, and reap the launcher."""
+        self._end_namespace(grace=0.0)
         if self.proc.poll() is None:
             children = _children(self.proc.pid)
             for pid in children:
@@ -161,9 +165,60 @@ class _Jail:
                     pass
                 self.proc.wait()
 
+    def _end_namespace(self, grace: float) -> None:
+        """Wait for the namespace's pid 1 to be gone, killing it after ``grace`` seconds.
+
+        Bubblewrap's launcher exits as soon as pid 1 reports the command's exit status, a moment
+        before pid 1 itself exits; pid 1's exit completes only once the kernel has killed and
+        reaped every other process of its namespace, and that is when its pidfd turns readable.
+        """
+        if self.pid1 is None:
+            return
+        try:
+            if not _readable(self.pid1, grace):
+                try:
+                    signal.pidfd_send_signal(self.pid1, signal.SIGKILL)
+                except OSError:
+                    pass
+                _readable(self.pid1, 10.0)
+        finally:
+            os.close(self.pid1)
+            self.pid1 = None
+
     def read(self, limit: int) -> bytes:
         with open(self.output, "rb") as out:
             return out.read(limit)
+
+
+def _pid1_fd(proc: subprocess.Popen, patience: float = 2.0) -> int | None:
+    """A pidfd of the launcher's child (the namespace's pid 1), taken while the launcher lives,
+    so that it names that process even after the launcher is gone; None if there is none."""
+    deadline = time.monotonic() + patience
+    while proc.poll() is None:
+        for pid in _children(proc.pid):
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            if _parent(pid) == proc.pid:  # checked after opening: the fd names that child
+                return fd
+            os.close(fd)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.0005)
+    return None
+
+
+def _readable(fd: int, seconds: float) -> bool:
+    """True once the process behind pidfd ``fd`` has ended (within ``seconds``)."""
+    return bool(select.select([fd], [], [], max(seconds, 0))[0])
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _children(pid: int) -> list[int]:
@@ -180,10 +235,9 @@ def _kill_child(pid: int, parent: int) -> None:
     except OSError:
         return
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+        if _parent(pid) == parent:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    except (OSError, ValueError, IndexError):
+    except OSError:
         pass
     finally:
         os.close(pidfd)
