@@ -22,7 +22,9 @@ TINY = ["--set", "model.device=cpu", "--set", "train.steps=1", "--set", "train.g
 
 
 def _toml(tmp: Path, text: str) -> str:
-    path = tmp / "bad.toml"
+    """A TOML file of its own per case (the table is built at once: a shared name would leave
+    every case reading the last one written)."""
+    path = tmp / f"bad-{len(list(tmp.glob('bad-*.toml')))}.toml"
     path.write_text(textwrap.dedent(text))
     return str(path)
 
@@ -156,7 +158,7 @@ def test_a_raising_reward_names_the_function_and_round_and_the_run_resumes(
     """The round had started (it is charged), so the run stays, and resumes once fixed."""
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    name = _module(tmp_path, "reward_task_33", _TASK_OK + textwrap.dedent("""
+    name = _module(tmp_path, "reward_task_33", textwrap.dedent(_TASK_OK) + textwrap.dedent("""
         import os
         def picky(completion, record):
             if os.environ.get("PICKY_OK") != "1":
