@@ -37,8 +37,7 @@ class RunLock:
         with disk_full_guard(self.path):
             self.directory.mkdir(parents=True, exist_ok=True)
         while True:
-            with disk_full_guard(self.path):
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -63,6 +62,21 @@ class RunLock:
             self.release()
             raise
         return self
+
+    def _open(self) -> int:
+        """Open (or create) the lock file; on a full or read-only disk, remove the directory if
+        this lock created it, so a refused start leaves nothing behind."""
+        try:
+            with disk_full_guard(self.path):
+                return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            if self._created:
+                try:
+                    self.directory.rmdir()
+                except OSError:
+                    pass
+                self._created = False
+            raise
 
     def release(self) -> None:
         """Remove the lock file, drop the lock, and remove the directory if this lock created
