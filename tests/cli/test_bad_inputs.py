@@ -46,6 +46,11 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
     gsm.mkdir(parents=True)
     (gsm / "train.jsonl").write_text("".join(json.dumps({"question": "q", "answer": "no final"})
                                              + "\n" for _ in range(3)))
+    big = tmp / "big" / "gsm8k"
+    big.mkdir(parents=True)
+    (big / "train.jsonl").write_text(
+        json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n"
+        + json.dumps({"question": "x" * (1 << 20), "answer": "#### 2"}) + "\n")
     run = ["train", "--out", str(tmp / "run"), "--model", str(model), *TINY]
     syntax = _module(tmp, "bad_syntax_task", "def oops(:\n")
     raising = _module(tmp, "raising_task", "raise RuntimeError('boom at import')\n")
@@ -67,6 +72,9 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
         "every record invalid": (run + ["--set", "data.task=gsm8k", "--set",
                                         f"data.data_dir={tmp / 'data'}", "--set",
                                         "data.skip_invalid=true"], "train.jsonl"),
+        "a record over 1 MiB": (run + ["--set", "data.task=gsm8k", "--set",
+                                       f"data.data_dir={tmp / 'big'}", "--set", "data.n_slots=4"],
+                                "train.jsonl, line 2"),
         "task syntax error": (run + ["--task", f"{syntax}:TASK"], syntax),
         "task raises on import": (run + ["--task", f"{raising}:TASK"], raising),
         "task factory raises": (run + ["--task", f"{factory}:TASK"], f"{factory}:TASK()"),
@@ -88,7 +96,7 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
 
 CASES = ["steps = true", "epsilon = true", "steps = 2.0", 'epsilon = "8"', "model.name = 1",
          "learning_rate = inf", "beta = inf", "temperature = inf", "max_new_tokens = 0",
-         "every record invalid", "task syntax error", "task raises on import",
+         "every record invalid", "a record over 1 MiB", "task syntax error", "task raises on import",
          "task factory raises", "device cuda without CUDA", "bogus device", "tiny sigma",
          "negative seed", "negative canaries", "TOML not UTF-8", "privacy epsilon sigma 1e-3",
          "privacy epsilon sigma 0.01", "offline hub id"]
