@@ -185,3 +185,34 @@ def test_a_raising_reward_names_the_function_and_round_and_the_run_resumes(
 
     result = train(None, tmp_path / "run", resume=True)
     assert result.rounds_done == 1 and result.certificate["rounds_charged"] >= 1
+
+
+@pytest.mark.parametrize("code, needle", [(28, "disk full"), (30, "read-only file system")])
+def test_an_unguarded_full_or_read_only_disk_is_one_error_line(code, needle, tmp_path,
+                                                                monkeypatch, capsys):
+    """The CLI's last net: ENOSPC/EROFS from a write no guard wraps is still one line."""
+    import os
+
+    import dpgrpo.privacy.accounting as accounting
+
+    def failing(*args, **kwargs):
+        raise OSError(code, os.strerror(code), str(tmp_path / "somewhere"))
+
+    monkeypatch.setattr(accounting, "compute_epsilon", failing)
+    argv = ["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--steps", "5",
+            "--sigma", "1.0"]
+    code_, lines = _run(argv, capsys)
+    _assert_one_error_line(code_, lines, needle)
+    assert str(tmp_path / "somewhere") in lines[0]
+
+
+def test_other_os_errors_are_not_disguised_as_a_full_disk(monkeypatch):
+    import dpgrpo.privacy.accounting as accounting
+
+    def failing(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(accounting, "compute_epsilon", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        main(["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--steps", "5",
+              "--sigma", "1.0"])
