@@ -9,7 +9,6 @@ Algorithm 1 is here and must be chosen without looking at the private data (assu
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import tomllib
 import typing
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpgrpo.arm_table import arm_spec
+from dpgrpo.config_values import check_finite, parse_value, type_name
 from dpgrpo.errors import ConfigError, DPGRPOError
 
 MAX_GROUP_SIZE = 8
@@ -57,7 +57,7 @@ class ModelConfig:
     init_adapter: str | None = None
 
     def __post_init__(self) -> None:
-        _check_numbers(self, "model")
+        check_finite(self, "model")
         if not self.lora_alpha > 0:
             raise ConfigError(f"model.lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
@@ -132,7 +132,7 @@ class PrivacyConfig:
     group_sizes: tuple[int, ...] = (2, 3)  # certificate: k prompts of one person (2..8)
 
     def __post_init__(self) -> None:
-        _check_numbers(self, "privacy")
+        check_finite(self, "privacy")
         if not self.epsilon > 0:
             raise ConfigError(f"privacy.epsilon must be > 0, got {self.epsilon}")
         if self.seed is not None and self.seed < 0:
@@ -217,7 +217,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         spec = arm_spec(self.arm)  # ConfigError naming train.arm for an unknown arm
-        _check_numbers(self, "train")
+        check_finite(self, "train")
         for name in ("steps", "group_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -313,65 +313,8 @@ _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
             "train": TrainConfig, "audit": AuditConfig}
 
 
-def _integer(value: Any) -> int:
-    """An int from a TOML int or an override's text; a bool, a float or "2.0" is refused (a
-    count written as 2.0 is a typo, and True is not a number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(value)
-    return int(value.strip()) if isinstance(value, str) else value
-
-
-def _type_name(base: Any) -> str:
-    if typing.get_origin(base) is tuple or base is tuple:
-        inner = typing.get_args(base)[:1]
-        return f"a list of {'integers' if inner == (int,) else 'strings'}"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-        base, getattr(base, "__name__", str(base)))
-
-
-def _parse(base: Any, value: Any, text: bool) -> Any:
-    """``value`` as ``base``. TOML values (``text`` False) must already have the type: a TOML
-    boolean is not a number, a number is not a string, a float is not an int. Override text
-    (``text`` True) is parsed by the field's type."""
-    if typing.get_origin(base) is tuple or base is tuple:
-        if isinstance(value, str):
-            items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
-        elif isinstance(value, (list, tuple)):
-            items = list(value)
-        else:
-            raise ValueError(value)
-        if typing.get_args(base)[:1] == (int,):
-            return tuple(_integer(v) for v in items)
-        if not all(isinstance(v, str) for v in items):
-            raise ValueError(value)
-        return tuple(v.strip() for v in items if v.strip())
-    if text and not isinstance(value, str):
-        raise ValueError(value)
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-        if text and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if text and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(value)
-    if base is int:
-        if not text and isinstance(value, str):
-            raise ValueError(value)
-        return _integer(value)
-    if base is float:
-        if isinstance(value, bool) or (not text and isinstance(value, str)):
-            raise ValueError(value)
-        if not isinstance(value, (int, float, str)):
-            raise ValueError(value)
-        return float(value)
-    if not isinstance(value, str):
-        raise ValueError(value)
-    return value
-
-
 def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
-    """The value of ``section.key`` typed strictly by the field (see :func:`_parse`); a value
+    """The value of ``section.key`` typed strictly by the field (see :func:`dpgrpo.config_values.parse_value`); a value
     of the wrong type is a ConfigError naming the key, never silently converted."""
     cls = _CLASSES[section]
     hints = typing.get_type_hints(cls)
@@ -388,18 +331,9 @@ def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
             raise ConfigError(f"'{section}.{key}' cannot be empty")
         return None
     try:
-        return _parse(base, value, text)
+        return parse_value(base, value, text)
     except (TypeError, ValueError):
-        raise ConfigError(f"'{section}.{key}' expects {_type_name(base)}, got {value!r}") from None
-
-
-def _check_numbers(obj: Any, section: str) -> None:
-    """Every float field finite: inf or nan in a learning rate, a temperature or a privacy
-    parameter would train (or certify) something meaningless without a word."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"'{section}.{f.name}' must be a finite number, got {value}")
+        raise ConfigError(f"'{section}.{key}' expects {type_name(base)}, got {value!r}") from None
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConfig:
