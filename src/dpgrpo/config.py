@@ -29,6 +29,13 @@ LORA_TRAIN = {
     "bias": "lora_B's bias only: one vector of d_out per module added to its output "
             "(a steering vector); lora_A and lora_B's weight frozen",
 }  # certificate group figures cost about k^2 seconds at every checkpoint
+#: model.init_adapter_keep -> which weights of the public warm start the run starts from
+INIT_KEEP = {
+    "all": "every weight of the warm start (the run starts at the warm-started model)",
+    "A": "the warm start's lora_A only; lora_B (and its bias) start at zero, so the run starts "
+         "at the base model and, with lora_train = 'B', learns inside the public run's input "
+         "projections (a public subspace, as in GEP and FFA-LoRA)",
+}
 
 
 @dataclass(frozen=True)
@@ -55,8 +62,16 @@ class ModelConfig:
     # A public adapter to start from (a folder with adapter_model.safetensors, e.g. the release/
     # of a run on public data). Public input: its path and sha256 go into the certificate.
     init_adapter: str | None = None
+    # Which of the warm start's weights to keep (INIT_KEEP): "all", or "A" (lora_B reset to 0).
+    init_adapter_keep: str = "all"
 
     def __post_init__(self) -> None:
+        if self.init_adapter_keep not in INIT_KEEP:
+            raise ConfigError(f"model.init_adapter_keep must be one of {', '.join(INIT_KEEP)}, "
+                              f"not {self.init_adapter_keep!r}")
+        if self.init_adapter_keep != "all" and self.init_adapter is None:
+            raise ConfigError("model.init_adapter_keep = 'A' keeps part of a warm start: set "
+                              "model.init_adapter to the public adapter's folder")
         if self.lora_train not in LORA_TRAIN:
             raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
                               f"not {self.lora_train!r}")
