@@ -13,8 +13,9 @@ from scipy import stats
 from dpgrpo.audit.gradient_canaries import make_directions
 from dpgrpo.audit.mechanism_audit import audit_mechanism, detection, require_passed
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, simulate
-from dpgrpo.audit.whitebox_stats import (design, gaussian_fit, gdp_epsilon, llr_scores,
-                                         one_run_bound, sum_statistic)
+from dpgrpo.audit.one_run import lower_bound_from_counts
+from dpgrpo.audit.whitebox_stats import (ceiling_design, count_ceiling, design, gaussian_fit,
+                                         gdp_epsilon, llr_scores, one_run_bound, sum_statistic)
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
 #: The study's operating point (configs/cpu-study.toml): n 1,000, q 0.008, T 12, sigma 0.344.
@@ -239,3 +240,26 @@ def test_end_to_end_mode_puts_canaries_among_real_gradients(tiny_model_dir, tmp_
                                    "200", "--no-calibrate", "--selection", "half", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["extra"]["mode"] == "end-to-end"
+
+
+def test_count_ceiling_is_randomized_response_and_caps_the_delta_bound():
+    # 46 of 46 correct: 0.05 ** (1/46) = 0.9370 = e^eps / (1 + e^eps), eps = ln(0.937/0.063)
+    p = 0.05 ** (1 / 46)
+    assert count_ceiling(46, 46) == pytest.approx(math.log(p / (1 - p)), abs=2e-4)  # 2.699
+    assert count_ceiling(10, 10) == pytest.approx(1.052, abs=1e-3)
+    assert count_ceiling(0, 0) == 0.0 and count_ceiling(20, 10) == 0.0
+    for r, v in [(21, 21), (40, 38), (46, 46)]:         # Steinke et al. at delta 1e-4, m 1,000
+        assert lower_bound_from_counts(1000, r, v, delta=1e-4, confidence=0.95) <= \
+            count_ceiling(r, v) + 1e-3
+    with pytest.raises(ValueError):
+        count_ceiling(3, 4)
+
+
+def test_no_count_based_bound_reaches_2_at_the_operating_point_but_half_sigma_does():
+    # The certified mechanism at n = K = 1,000, q 0.008, T 12 (public simulation, seeded): the
+    # most any count-based one-run bound can prove stays near 1 (10 of 10 correct is 1.05),
+    # below the oracle's 2.7; with sigma / 2 the ordinary (epsilon, delta) bound passes 2.
+    ok = ceiling_design(1000, 0.008, 0.344, 12, trials=4, seed=1)
+    assert ok.median < 1.5 and ok.maximum < 2.0 and 2.5 < ok.oracle_median < 2.9
+    (_, _), broken = design(1000, 0.008, 0.172, 12, 1e-4, trials=4, seed=1)
+    assert broken > 2.0
