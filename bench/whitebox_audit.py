@@ -8,7 +8,10 @@
 2. The study's operating point (n 1,000, q 0.008, T 12, sigma 0.344, certified epsilon 8, the
    study's d = 19,584 LoRA coordinates): ``--trials`` audits of the real mechanism. Goal: one-run
    lower bound at 95% >= 2.0, never above 8. Also the bound the certified mechanism is expected
-   to reach (the design simulation) for more canaries.
+   to reach (the design simulation) for more canaries; the ceiling of every count-based one-run
+   bound (``count_ceiling``: Steinke et al. at delta 0, which also caps the f-DP audit of
+   Mahloujifar et al. run with the (epsilon, delta) curve) for the certified mechanism, and the
+   same audit of the sigma/2 mechanism (a broken one must come out larger).
 3. The wall time of one whole audit (operating point + audit mode) at d = 19,584.
 
 OS entropy throughout (no seeds). One torch thread: on a loaded 2-core machine two threads were
@@ -29,7 +32,7 @@ import torch
 
 from dpgrpo.audit.mechanism_audit import audit_mechanism, detection
 from dpgrpo.audit.whitebox import AuditSetup
-from dpgrpo.audit.whitebox_stats import design
+from dpgrpo.audit.whitebox_stats import ceiling_design, design
 
 STUDY = dict(n=1000, q=0.008, steps=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
              coordinates=19_584, canaries=1000, certified_epsilon=8.0)
@@ -53,6 +56,8 @@ def operating_point(trials: int) -> dict:
     (k_plus, k_minus), expected = design(setup.canaries, setup.q, setup.sigma, setup.steps,
                                          setup.delta)
     audits = [audit_mechanism(setup) for _ in range(trials)]
+    broken = [audit_mechanism(setup, "half_sigma").whitebox_bound["epsilon_lower_bound"]
+              for _ in range(trials)]
     wb = [a.whitebox_bound["epsilon_lower_bound"] for a in audits]
     fb = [a.final_bound["epsilon_lower_bound"] for a in audits]
     return {
@@ -63,6 +68,9 @@ def operating_point(trials: int) -> dict:
         "whitebox_fit_epsilon": _spread([a.whitebox_fit["epsilon"] for a in audits]),
         "final_fit_mu": _spread([a.final_fit["mu"] for a in audits]),
         "analytic": audits[0].analytic, "expected_bound_design": expected,
+        "count_ceiling": ceiling_design(setup.canaries, setup.q, setup.sigma,
+                                        setup.steps).to_dict(),
+        "half_sigma_whitebox_bound": _spread(broken),
         "seconds_per_audit": _spread([a.seconds for a in audits]),
     }
 
@@ -70,7 +78,10 @@ def operating_point(trials: int) -> dict:
 def more_canaries(counts: tuple[int, ...]) -> dict:
     """The bound the certified mechanism is expected to reach with K canaries among K slots at
     the same q (public design simulation, 20 runs each)."""
-    return {str(k): design(k, STUDY["q"], STUDY["sigma"], STUDY["steps"], STUDY["delta"])[1]
+    return {str(k): {"design_median_bound": design(k, STUDY["q"], STUDY["sigma"], STUDY["steps"],
+                                                   STUDY["delta"])[1],
+                     "count_ceiling_median": ceiling_design(k, STUDY["q"], STUDY["sigma"],
+                                                            STUDY["steps"]).median}
             for k in counts}
 
 
@@ -87,7 +98,7 @@ def main() -> None:
     parser.add_argument("--coordinates", type=int, default=4096,
                         help="trainable coordinates in audit mode (the statistic does not "
                              "depend on d; 19,584 is the study's)")
-    parser.add_argument("--canary-counts", type=int, nargs="*", default=[1000, 3000])
+    parser.add_argument("--canary-counts", type=int, nargs="*", default=[1000, 2304, 3000])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -107,7 +118,9 @@ def main() -> None:
     op = result["operating_point"]
     print(f"operating point: white-box bound {op['whitebox_bound']}, final {op['final_bound']}, "
           f">= 2 in {op['whitebox_bound_at_least_2']}/{op['trials']}, above 8 in "
-          f"{op['above_certified']}; expected {op['expected_bound_design']:.3f}")
+          f"{op['above_certified']}; expected {op['expected_bound_design']:.3f}; ceiling of any "
+          f"count-based bound {op['count_ceiling']['median']:.3f} (oracle "
+          f"{op['count_ceiling']['oracle_median']:.3f}); sigma/2 {op['half_sigma_whitebox_bound']}")
     print(f"one audit {result['one_audit']['seconds']:.1f} s")
 
 
