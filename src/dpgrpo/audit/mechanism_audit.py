@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, Observation, simulate
-from dpgrpo.audit.whitebox_stats import (analytic, calibration, design, gaussian_fit,
-                                         llr_scores, one_run_bound, sum_statistic)
+from dpgrpo.audit.whitebox_stats import (analytic, calibration, count_ceiling, design,
+                                         gaussian_fit, llr_scores, one_run_bound, sum_statistic)
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
 DEFAULT_CANARIES = 1000
@@ -73,7 +73,9 @@ def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
     else:
         wb = one_run_bound(scores, obs.included, delta=s.delta, confidence=confidence)
     final = one_run_bound(obs.final, obs.included, delta=s.delta, confidence=confidence)
-    return wb.to_dict(), final.to_dict(), info
+    # the most any count-based one-run bound could prove from the same guesses (whitebox_stats)
+    ceiling = count_ceiling(wb.r, wb.v, confidence=confidence)
+    return wb.to_dict() | {"count_ceiling": ceiling}, final.to_dict(), info
 
 
 def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
@@ -216,8 +218,9 @@ def summary_lines(audit: MechanismAudit) -> str:
         f"{s['clip_norm']:.4g}, d = {s['coordinates']}, delta = {s['delta']:.3g}; certified "
         f"epsilon {cert}",
         f"  one-run lower bound ({wb['confidence']:.0%}): white-box {wb['epsilon_lower_bound']:.3f}"
-        f" ({wb['v']}/{wb['r']} correct), final model {fb['epsilon_lower_bound']:.3f} "
-        f"({fb['v']}/{fb['r']})",
+        f" ({wb['v']}/{wb['r']} correct; no count-based one-run bound could prove more than "
+        f"{wb.get('count_ceiling', float('nan')):.3f} from them), final model "
+        f"{fb['epsilon_lower_bound']:.3f} ({fb['v']}/{fb['r']})",
         f"  one-shot Gaussian fit: white-box mu {wf['mu']:.3f} (epsilon {wf['epsilon']:.3f}), "
         f"final model mu {ff['mu']:.3f} (epsilon {ff['epsilon']:.3f})",
         f"  analytic: white-box epsilon {a['whitebox_epsilon']:.3f}; the statistic's mu "
