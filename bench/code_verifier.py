@@ -1,16 +1,18 @@
 """Throughput of the sandboxed unit-test verifier of the code tasks (tests per second).
 
-Each verification is one fresh ``python -I -S -B`` process (:func:`dpgrpo.tasks.sandbox.run_tests`)
-that runs a completion and its unit tests. Measured on the problems' canonical solutions (the
-gold targets: every test passes, the slowest case) and on completions that fail at once (the
-bare prompt), with 1 and with ``--workers`` verifications in flight (threads: each waits on its
-own child process), for HumanEval (164 problems) and the embedded ``code`` task (200):
+Each verification (:func:`dpgrpo.tasks.sandbox.run_tests`) starts a fresh ``python -I -S -B`` in
+its own namespaces that answers the tests' calls; the verdict is computed in this process for
+literal checks, in a second sandboxed process for the other tests (docs/code-sandbox.md).
+Measured on the problems' canonical solutions (the gold targets: every test passes, the
+slowest case) and on completions that fail at once (the bare prompt), with 1 and with
+``--workers`` verifications in flight (threads: each waits on its own children), for
+HumanEval (164 problems) and the embedded ``code`` task (200):
 
   tests per second = verified completions / wall seconds
 
 with each row's wall time, the whole run's wall time and peak RSS (this process, sampled by
 ``dpgrpo.runtime.PeakRSS``; the largest sandbox child, from ``getrusage(RUSAGE_CHILDREN)``),
-and the sandbox's isolation on this machine (namespaces or the audit hook alone).
+and the sandbox's isolation on this machine (launcher, seccomp, layers).
 
     .venv/bin/python bench/code_verifier.py [--workers 2] [--limit 200] [--json]
 """

@@ -18,10 +18,11 @@ and ``max_memory_reserved``) or peak RSS on CPU, and the settings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -153,6 +154,80 @@ def _engine_rollouts(model: Any, lengths: torch.Tensor, pids: torch.Tensor, grou
     return torch.cat(out)
 
 
+@contextlib.contextmanager
+def previous_hooks() -> Iterator[None]:
+    """The fast path's LoRA hooks as they were before issue 29, for an A/B in one process:
+    dropout's 1/(1-p) applied to the full-width dropped input, and the hook rebuilding that
+    input in fp32 (upcast, mask, scale: three full-width passes instead of two)."""
+    import dpgrpo.grads as grads
+
+    hooks, dropout_init = grads._LoraHooks._hook_a, grads._RecordingDropout.__init__
+
+    def hook_a(self: Any, names: dict, slot: dict, scale: float) -> Callable[..., None]:
+        def hook(module: Any, args: Any, output: torch.Tensor) -> None:
+            if not torch.is_grad_enabled() or not output.requires_grad:
+                return
+            saved = {"x": slot.get("x"), "mask": slot.get("mask"), "target": self.target}
+            dtype = module.weight.dtype
+
+            def backward_hook(grad_out: torch.Tensor) -> None:
+                x, mask = saved.pop("x"), saved.pop("mask")
+                x = x.to(dtype)
+                if mask is not None:
+                    x = x * mask * scale
+                self._accumulate(names, saved["target"], x, grad_out)
+
+            output.register_hook(backward_hook)
+        return hook
+
+    def init(self: Any, p: float, record: Callable, scaled: bool = True) -> None:
+        dropout_init(self, p, record, True)
+
+    grads._LoraHooks._hook_a, grads._RecordingDropout.__init__ = hook_a, init
+    try:
+        yield
+    finally:
+        grads._LoraHooks._hook_a, grads._RecordingDropout.__init__ = hooks, dropout_init
+
+
+def hooks_ab(model: Any, batch: Any, prompts: int, rows: int, device: str,
+             repeats: int = 2) -> dict[str, Any]:
+    """Per-prompt gradients of the first ``prompts`` prompts with the previous and the current
+    hooks, alternating, same dropout masks (seconds each), and how far apart the two results
+    are. Sets the adapter's B to small random values first (run it last)."""
+    from dpgrpo.grads import per_prompt_grads
+    from dpgrpo.objectives.grpo import GRPOObjective
+
+    with torch.no_grad():          # B != 0, so that lora_A's gradients (what changed) are not 0
+        gen = torch.Generator().manual_seed(5)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(1e-3 * torch.randn(p.shape, generator=gen))
+    r = batch.rows_per_prompt
+    sub = type(batch)(batch.input_ids[:prompts * r], batch.attention_mask[:prompts * r],
+                      batch.loss_mask[:prompts * r], batch.row_weights[:prompts],
+                      prompts, r, batch.advantages[:prompts], batch.ref_logprobs[:prompts * r])
+    times: dict[str, list[float]] = {"previous": [], "current": []}
+    out: dict[str, Any] = {}
+    for i in range(repeats):
+        for name in ("previous", "current") if i % 2 == 0 else ("current", "previous"):
+            torch.manual_seed(7)        # the same dropout masks: the same per-prompt seeds
+            with previous_hooks() if name == "previous" else contextlib.nullcontext():
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out[name] = per_prompt_grads(model, GRPOObjective(beta=0.04), sub,
+                                             method="fast", rows_per_pass=rows,
+                                             dropout_seeds=list(range(1, prompts + 1)))
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - t0)
+    a, b = out["previous"], out["current"]
+    rel = max(float((a[k] - b[k]).norm() / a[k].norm().clamp(min=1e-30)) for k in a)
+    return {"prompts": prompts, "seconds": times, "max_tensor_relative_difference": rel,
+            "speedup": min(times["previous"]) / min(times["current"])}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,6 +256,9 @@ def main() -> None:
     parser.add_argument("--static", action="store_true",
                         help="constant-shape decoding steps replayed as a CUDA graph")
     parser.add_argument("--rollouts-only", action="store_true", help="stop after the rollouts")
+    parser.add_argument("--hooks-ab", type=int, default=0, metavar="PROMPTS",
+                        help="after the round, time the per-prompt gradients of this many "
+                             "prompts with the previous and the current LoRA hooks")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.no_grouped_attention:
@@ -193,6 +271,7 @@ def main() -> None:
     from dpgrpo.grads import per_prompt_grads
     from dpgrpo.model import LoraSettings, attach_lora, enable_gradient_checkpointing
     from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
+    from dpgrpo.objectives.logprobs import shared_prompt_end
     from dpgrpo.privacy.mechanism import privatize
     from dpgrpo.privacy.noise import NoiseSource
 
@@ -228,6 +307,8 @@ def main() -> None:
         ro.num_prompts))
     ref = phases.run("reference_pass", lambda: reference_logprobs(model, ro_dev, batch_size=rows))
     batch = build_grpo_batch(ro_dev, rewards.to(args.device), ref_logprobs=ref)
+    ids, attn, mask, _ = batch.window(slice(0, min(rows, args.group)))
+    shared_end = shared_prompt_end(ids, attn, mask.bool(), min(rows, args.group))
     grads = phases.run("per_prompt_grads", lambda: per_prompt_grads(
         model, GRPOObjective(beta=0.04), batch, method=args.grad_method, rows_per_pass=rows))
     update = phases.run("mechanism", lambda: privatize(
@@ -251,11 +332,17 @@ def main() -> None:
         "row_length": int(ro.input_ids.shape[1]), "tokens": int(ro.attention_mask.sum()),
         "rollout_rows_per_call": args.rollout_rows, "rows_per_pass": rows,
         "grad_method": args.grad_method, "gradient_checkpointing": args.checkpointing,
+        # the first pass's prompt runs once for its rows (0: every row ran whole)
+        "prompt_sharing": bool(shared_end) and not args.checkpointing,
+        "shared_prompt_columns": shared_end,
         "synthetic_rollouts": args.synthetic_rollouts, **rollout_info,
         "lora_params": sum(p.numel() for p in params.values()),
         "seconds": phases.seconds, "round_seconds": sum(phases.seconds[k] for k in train_phases),
         "peak_memory": phases.peak,
     }
+    if args.hooks_ab:
+        result["hooks_ab"] = phases.run("hooks_ab", lambda: hooks_ab(
+            model, batch, min(args.hooks_ab, args.prompts), rows, args.device))
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 

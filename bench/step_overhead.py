@@ -15,16 +15,20 @@ was allocated before it: ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the
 of the profiler's allocator events (``profile_memory=True``), which counts every torch
 tensor allocation and free exactly (not sampled RSS).
 
-    .venv/bin/python bench/step_overhead.py [--model tiny|smollm2-135m|PATH]
-        [--prompts 8] [--group 4] [--max-len 64] [--repeats 5] [--threads 1] [--json]
+    .venv/bin/python bench/step_overhead.py [--model tiny|smollm2-135m|qwen2.5-1.5b|PATH]
+        [--dtype float32] [--lora-dropout 0.0] [--prompts 8] [--group 4] [--max-len 64]
+        [--repeats 5] [--threads 1] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -44,14 +48,27 @@ MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many a
             "Compute 2^10.", "What is the sum of the first five odd numbers?"]
 
 
-def load(name: str, device: str) -> tuple[torch.nn.Module, object]:
+#: architectures built from a configuration with random weights (no download), named as
+#: ``bench/gpu_round.py`` names them; prompts come from the tiny tokenizer (ids < 512 fit both
+#: vocabularies). ``tiny-qwen2`` is gpu_round's tiny Qwen2, for dry runs of the same code path.
+RANDOM_ARCHS = {"qwen2.5-1.5b": "qwen2.5-1.5b", "tiny-qwen2": "tiny"}
+
+
+def load(name: str, device: str, dtype: str = "float32",
+         dropout: float = 0.0) -> tuple[torch.nn.Module, object]:
     if name == "tiny":
         tok = build_tiny_tokenizer()
-        base = build_tiny_model(tok, hidden_size=64).to(device)
+        base = build_tiny_model(tok, hidden_size=64, dtype=dtype).to(device)
         base.requires_grad_(False)
+    elif name in RANDOM_ARCHS:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from gpu_round import build_model
+
+        tok = build_tiny_tokenizer()
+        base = build_model(RANDOM_ARCHS[name], None, getattr(torch, dtype), device)
     else:
-        tok, base = load_tokenizer(name), load_base_model(name, "float32", device)
-    return attach_lora(base, LoraSettings(dropout=0.0)).train(), tok
+        tok, base = load_tokenizer(name), load_base_model(name, dtype, device)
+    return attach_lora(base, LoraSettings(dropout=dropout)).train(), tok
 
 
 def synthetic_rollouts(tok, prompts: int, group: int, max_len: int, seed: int = 0,
@@ -76,6 +93,14 @@ def synthetic_rollouts(tok, prompts: int, group: int, max_len: int, seed: int = 
                         torch.cat([pmask, cmask], 1),
                         torch.cat([torch.zeros_like(pmask), cmask], 1), lengths,
                         torch.zeros(n, dtype=torch.bool), group, prompts)
+
+
+def on_device(rollouts: RolloutBatch, device: str) -> RolloutBatch:
+    """The rollouts' token tensors on ``device`` (the lengths stay on the CPU, as engines
+    return them)."""
+    return dataclasses.replace(rollouts, input_ids=rollouts.input_ids.to(device),
+                               attention_mask=rollouts.attention_mask.to(device),
+                               completion_mask=rollouts.completion_mask.to(device))
 
 
 def make_steps(model, batch: TrainBatch, lr: float = 1e-5, clip: float = 0.05,
@@ -137,7 +162,12 @@ def peak_bytes(step: Callable[[], None], device: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model", default="tiny",
+                        help="tiny, a model name or path, or a random-weight "
+                             f"{tuple(RANDOM_ARCHS)}")
+    parser.add_argument("--dtype", default="float32", help="base model dtype (LoRA stays fp32)")
+    parser.add_argument("--lora-dropout", type=float, default=0.0,
+                        help="LoRA dropout (the paper's 0.05 exercises the hooks' masks)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-len", type=int, default=64)
@@ -153,11 +183,13 @@ def main() -> None:
     if args.clock is None:
         args.clock = "wall" if args.device.startswith("cuda") else "process"
 
-    model, tok = load(args.model, args.device)
-    rollouts = synthetic_rollouts(tok, args.prompts, args.group, args.max_len)
+    model, tok = load(args.model, args.device, args.dtype, args.lora_dropout)
+    rollouts = on_device(synthetic_rollouts(tok, args.prompts, args.group, args.max_len),
+                         args.device)                  # the reference pass runs on the model's
     rewards = torch.randint(0, 2, (args.prompts, args.group),
                             generator=torch.Generator().manual_seed(1)).float()
-    batch = build_grpo_batch(rollouts, rewards, ref_logprobs=reference_logprobs(model, rollouts))
+    batch = build_grpo_batch(rollouts, rewards.to(args.device),
+                             ref_logprobs=reference_logprobs(model, rollouts))
     batch = batch.to(args.device)
     steps = make_steps(model, batch)
 
@@ -183,6 +215,9 @@ def main() -> None:
     base_t, base_m = med["non-private"], memory["non-private"]
     result = {
         "model": args.model, "device": args.device, "threads": args.threads,
+        "device_name": (torch.cuda.get_device_name() if args.device.startswith("cuda")
+                        else "cpu"),
+        "dtype": args.dtype, "lora_dropout": args.lora_dropout, "torch": torch.__version__,
         "prompts": args.prompts, "group": args.group, "max_len": args.max_len,
         "seq_len": int(batch.input_ids.shape[1]), "repeats": args.repeats,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),

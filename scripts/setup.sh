@@ -6,6 +6,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The code tasks' verifier needs OS isolation (docs/code-sandbox.md): bubblewrap, else
+# util-linux unshare; python3-seccomp (for Debian's python3) compiles its seccomp filter.
+# Install what is missing where apt-get can (root); never fail here: without bubblewrap the
+# code tasks fall back to unshare or refuse to run, and their tests skip with the reason.
+missing=""
+command -v bwrap >/dev/null 2>&1 || missing=" bubblewrap"
+[ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c "import seccomp" >/dev/null 2>&1 \
+  && missing="$missing python3-seccomp"
+if [ -n "$missing" ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  # shellcheck disable=SC2086
+  (apt-get install -y -qq $missing >/dev/null 2>&1 \
+   || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $missing >/dev/null 2>&1; }) \
+   || echo "setup.sh: could not install:$missing (see docs/code-sandbox.md)" >&2
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

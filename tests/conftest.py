@@ -18,6 +18,19 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # ``cuda`` tests run where a GPU is present (``pytest -m cuda``, bench/gpu_suite.py) and
+    # skip, with the reason, everywhere else: the CPU suite stays green and still collects them.
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """The read-only benchmark folder (../shared/data beside the repo)."""

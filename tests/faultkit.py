@@ -135,7 +135,8 @@ def assert_consistent(run_dir, charged: int, retained: int = 4) -> None:
     cert = certificate(run_dir)
     assert (cert["rounds_charged"], cert["rounds_retained"]) == (charged, retained)
     assert cert["epsilon"] == pytest.approx(eps(charged), rel=1e-12)
-    assert scan(run_dir / "recovery" / "journal.jsonl", Q, SIGMA).rounds == charged
+    for journal in ("journal.jsonl", "journal-twin.jsonl"):  # both files, after any repair
+        assert scan(run_dir / "recovery" / journal, Q, SIGMA).rounds == charged
     ledger = json.loads((run_dir / "recovery" / "ledger.json").read_text())
     assert sum(e["count"] for e in ledger["events"]) == charged
     assert {p.name for p in (run_dir / "release").iterdir()} <= RELEASE_FILES

@@ -138,7 +138,8 @@ def test_peft_model_object_and_dataset_train(tiny_lm, tmp_path):
     result = dpgrpo.train(model=peft_model, tokenizer=tokenizer, model_name="tiny/peft",
                           problems=ds, rewards=lambda c, p: float(p["answer"] in c), n_slots=8,
                           overrides=TINY + ["train.steps=2", "privacy.expected_batch=8",
-                                            "train.metrics=jsonl,tensorboard"],
+                                            "train.metrics=jsonl,tensorboard",
+                                            "train.public_timings=true"],
                           out=tmp_path / "run")
     cert = result.certificate
     assert cert["model"] == "tiny/peft" and cert["n"] == 8
@@ -146,17 +147,17 @@ def test_peft_model_object_and_dataset_train(tiny_lm, tmp_path):
                                                 if p.requires_grad)
     after = {n: p for n, p in peft_model.named_parameters() if "lora_B" in n}
     assert any(not after[n].equal(before[n]) for n in before)  # the given adapter trained
-    from dpgrpo.metrics import PUBLIC_KEYS
+    from dpgrpo.metrics import PUBLIC_KEYS, TIMING_KEYS
 
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
-    assert all(set(r) == PUBLIC_KEYS for r in rows)
+    assert all(set(r) == PUBLIC_KEYS | TIMING_KEYS for r in rows)  # train.public_timings
     assert all(r["time/rollout"] > 0 and r["time/gradients"] > 0 for r in rows)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
-    assert set(events.Tags()["scalars"]) == PUBLIC_KEYS - {"round"}
+    assert set(events.Tags()["scalars"]) == (PUBLIC_KEYS | TIMING_KEYS) - {"round"}
     assert [e.step for e in events.Scalars("epsilon")] == [1, 2]
 
 

@@ -143,7 +143,8 @@ def test_the_certificate_describes_the_arm_from_the_table(arm):
     gen = SimpleNamespace(releasable=True, secure=True)
     run = SimpleNamespace(config=cfg, delta=1e-3, q=0.1, sigma=sigma, clip_norm=1.0, n=100,
                           n_source="data.n_slots", expected_batch=10.0, coordinates=10,
-                          seeded=False, noise=gen, sampler=gen, num_canaries=0)
+                          seeded=False, noise=gen, sampler=gen, coins=gen, num_canaries=0,
+                          init_adapter_sha256=None)
     ledger = PrivacyLedger()
     ledger.record(0.1, sigma, 2)
     cert = certificate(run, ledger, 2)

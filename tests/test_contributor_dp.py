@@ -66,9 +66,16 @@ def test_a_contributors_gradient_ignores_other_contributors_bit_for_bit(policy32
 
 
 def _mapping(tmp_path, people: int, per_person: int):
+    """A gsm8k split of exactly people * per_person problems (contributor mode refuses
+    data.limit) and the file mapping them to their contributors."""
     from dpgrpo.tasks import load_problems
 
-    problems = load_problems("arithmetic", "train")[:people * per_person]
+    folder = tmp_path / "data" / "gsm8k"
+    folder.mkdir(parents=True)
+    (folder / "train.jsonl").write_text("".join(
+        json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+        for i in range(people * per_person)))
+    problems = load_problems("gsm8k", "train", tmp_path / "data")
     path = tmp_path / "contributors.csv"
     path.write_text("id,contributor\n" + "".join(f"{p.id},person-{i // per_person}\n"
                                                 for i, p in enumerate(problems)))
@@ -76,7 +83,8 @@ def _mapping(tmp_path, people: int, per_person: int):
 
 
 def tiny_config(model_dir, mapping, *extra: str):
-    base = [f"model.name={model_dir}", "model.device=cpu", "data.limit=24",
+    base = [f"model.name={model_dir}", "model.device=cpu", "data.task=gsm8k",
+            f"data.data_dir={mapping.parent / 'data'}",
             "data.privacy_unit=contributor", f"data.contributors={mapping}",
             "data.per_contributor=2", "data.n_slots=8", "privacy.expected_batch=3",
             "privacy.noise_multiplier=1.0", "train.steps=2", "train.group_size=2",
@@ -129,3 +137,52 @@ def test_a_seeded_contributor_run_resumes_with_the_same_choices(tiny_model_dir, 
     a = load_file(str(tmp_path / "full" / "release" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "part" / "release" / "adapter_model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_contributor_mode_refuses_problem_level_truncation():
+    """Issue 32, defect 4: with data.limit, removing one contributor shifted the first `limit`
+    problems and changed other contributors' records (3 records differed)."""
+    from dpgrpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.limit = 24 with data.privacy_unit = "
+                                          r"'contributor'.*other contributors' records"):
+        apply_overrides(embedded_default(), ["data.privacy_unit=contributor", "data.limit=24",
+                                             "data.n_slots=8"])
+    ok = apply_overrides(embedded_default(), ["data.privacy_unit=contributor", "data.n_slots=8"])
+    assert ok.data.limit is None and ok.data.n_slots == 8
+
+
+def test_a_contributor_record_is_clipped_at_c_in_the_trainer(tiny_model_dir, tmp_path,
+                                                             monkeypatch):
+    """Mutation guard: contributor records clipped at k*C with sigma divided by k keep the
+    noise std at sigma*C while a record can move the sum by k*C. In the trainer, every record
+    reaching the mechanism is at most C after clipping, and the noise std is sigma*C."""
+    from dpgrpo.privacy import mechanism
+    from dpgrpo import distributed
+
+    clip = 1e-8  # below these gradients' norms (the KL term's, ~1e-6, from round 2 on)
+    clipped, raw, stds = [], [], []
+    clip_per_record, noise_and_scale = mechanism.clip_per_record, distributed.noise_and_scale
+
+    def spy_clip(grads, clip_norm):
+        out = clip_per_record(grads, clip_norm)
+        clipped.extend(mechanism.per_record_norms(out).tolist())
+        raw.extend(mechanism.per_record_norms(grads).tolist())
+        return out
+
+    def spy_noise(total, *, clip_norm, noise_multiplier, expected_batch, noise):
+        stds.append((clip_norm, clip_norm * noise_multiplier))
+        return noise_and_scale(total, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                               expected_batch=expected_batch, noise=noise)
+
+    monkeypatch.setattr(mechanism, "clip_per_record", spy_clip)
+    monkeypatch.setattr(distributed, "noise_and_scale", spy_noise)
+    mapping = _mapping(tmp_path, people=6, per_person=4)
+    cfg = tiny_config(tiny_model_dir, mapping, f"privacy.clip_norm={clip}",
+                      "privacy.expected_batch=6", "train.steps=3")
+    cert = train(cfg, tmp_path / "run").certificate
+    assert cert["clip_norm"] == clip and cert["sigma"] == 1.0
+    assert max(raw) > 4 * clip                   # records far above C reached the mechanism
+    assert max(clipped) <= clip * (1 + 1e-6)     # yet each contributor (2 problems) moves <= C
+    assert max(clipped) == pytest.approx(clip, rel=1e-6)
+    assert stds == [(clip, pytest.approx(1.0 * clip, rel=1e-12))] * 3  # C and sigma * C

@@ -32,15 +32,18 @@ def run_dir(finished_run, tmp_path):
     return shutil.copytree(finished_run, tmp_path / "run")
 
 
-def _journal_lines(run_dir) -> list[bytes]:
-    return (run_dir / "recovery" / "journal.jsonl").read_bytes().splitlines(keepends=True)
+def _journal_lines(run_dir, name: str = "journal.jsonl") -> list[bytes]:
+    return (run_dir / "recovery" / name).read_bytes().splitlines(keepends=True)
+
+
+JOURNALS = ("journal.jsonl", "journal-twin.jsonl")
 
 
 def test_lost_journal_tail_never_certifies_less(run_dir):
-    """Issue 16: journal cut to 2 lines, newest checkpoint gone, latest -> step-000002.
-    Before the fix: rounds_charged 2 < rounds_retained 4 and a smaller epsilon."""
-    journal = run_dir / "recovery" / "journal.jsonl"
-    journal.write_bytes(b"".join(_journal_lines(run_dir)[:2]))
+    """Issue 16: journal (both files) cut to 2 lines, newest checkpoint gone, latest ->
+    step-000002. Before the fix: rounds_charged 2 < rounds_retained 4 and a smaller epsilon."""
+    for name in JOURNALS:
+        (run_dir / "recovery" / name).write_bytes(b"".join(_journal_lines(run_dir, name)[:2]))
     shutil.rmtree(run_dir / "recovery" / "step-000004")
     (run_dir / "recovery" / "latest").write_text("step-000002\n")
     result = trainer.train(None, run_dir, resume=True)
@@ -50,7 +53,8 @@ def test_lost_journal_tail_never_certifies_less(run_dir):
 
 
 def test_deleted_journal_never_certifies_less(run_dir):
-    (run_dir / "recovery" / "journal.jsonl").unlink()
+    for name in JOURNALS:  # both files: the checkpoints and the ledger still prove 4
+        (run_dir / "recovery" / name).unlink()
     result = trainer.train(None, run_dir, resume=True)
     assert_consistent(run_dir, 4)  # proven by step-000004, ledger.json and the release
     assert any("4 charged rounds" in n for n in result.notes)
@@ -189,7 +193,8 @@ def test_the_invariant_guard_stops_an_under_count(run_dir, monkeypatch):
     from dpgrpo.errors import LedgerError
 
     monkeypatch.setattr(trainer, "reconcile", lambda journal, evidence, start: None)
-    (run_dir / "recovery" / "journal.jsonl").unlink()
+    for name in JOURNALS:
+        (run_dir / "recovery" / name).unlink()
     release = (run_dir / "release" / "certificate.json").read_bytes()
     with pytest.raises(LedgerError, match="charges 0 rounds but the model retains 4"):
         trainer.train(None, run_dir, resume=True)

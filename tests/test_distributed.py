@@ -86,7 +86,30 @@ def _train_worker(rank: int, world: int, port: int, model_dir: str, run_dir: str
         return seen["run"]
 
     trainer.build_run = keep
+    # What each rank sampled and processed, and the round key it used (issue 32, mutation c).
+    from dpgrpo.privacy.record_coins import PromptCoins
+    from dpgrpo.privacy.sampling import PoissonSampler
+
+    log = {"sampled": [], "mine": [], "keys": []}
+    real_sample = PoissonSampler.sample
+
+    def sample(self):
+        out = real_sample(self)
+        log["sampled"].append([int(i) for i in out])
+        return out
+
+    class Spy:
+        @staticmethod
+        def for_records(key, slots, bounds):
+            log["mine"].append([int(s) for s in slots])
+            log["keys"].append(key.key.hex())
+            return PromptCoins.for_records(key, slots, bounds)
+
+    PoissonSampler.sample = sample
+    trainer.PromptCoins = Spy
     train(cfg, run_dir)
+    with open(os.path.join(os.path.dirname(run_dir), f"rounds-{rank}.json"), "w") as f:
+        json.dump(log, f)
     adapter = {k: v.detach().clone() for k, v in seen["run"].model.named_parameters() if v.requires_grad}
     torch.save(adapter, os.path.join(os.path.dirname(run_dir), f"adapter-{rank}.pt"))
     torch.distributed.destroy_process_group()
@@ -103,6 +126,15 @@ def test_torchrun_style_training_writes_one_release(tiny_model_dir, tmp_path):
     a0, a1 = torch.load(tmp_path / "adapter-0.pt"), torch.load(tmp_path / "adapter-1.pt")
     assert a0.keys() == a1.keys() and all(torch.equal(a0[k], a1[k]) for k in a0)
     assert any(float(v.abs().sum()) > 0 for k, v in a0.items() if "lora_B" in k)
+    # One Poisson sample per round, drawn on rank 0 only and split between the ranks: no
+    # record processed twice, none dropped, and both ranks on the same round key.
+    r0, r1 = (json.loads((tmp_path / f"rounds-{r}.json").read_text()) for r in (0, 1))
+    assert len(r0["sampled"]) == 2 and r1["sampled"] == []       # rank 1 never draws coins
+    for t, sampled in enumerate(r0["sampled"]):
+        mine0, mine1 = r0["mine"][t], r1["mine"][t]
+        assert not set(mine0) & set(mine1) and sorted(mine0 + mine1) == sampled
+        assert r0["keys"][t] == r1["keys"][t]
+    assert r0["keys"][0] != r0["keys"][1]
 
 
 def test_one_process_transport_is_the_mechanism_and_guards_the_denominator():

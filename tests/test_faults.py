@@ -35,8 +35,10 @@ def kill_during(point: str) -> None:
         "release-built": lambda: kill_on_call(checkpoint, "_build_release", 2, when="after"),
         "release-moved-aside": lambda: kill_on_call(checkpoint.os, "replace", 1, when="after",
                                                     match=aside),
-        # the journal: the third charge line torn mid-write
-        "journal-torn": lambda: _torn_journal_write(3),
+        # the journal: round 3's charge line torn mid-write in journal.jsonl (each charge is
+        # written to journal.jsonl, then to journal-twin.jsonl: write 5), or in the twin (6)
+        "journal-torn": lambda: _torn_journal_write(5),
+        "twin-torn": lambda: _torn_journal_write(6),
     }
     phases[point]()
 
@@ -85,6 +87,8 @@ CASES = [
     ("release-moved-aside", lambda d: not (d / "release").exists(), 4),
     ("journal-torn", lambda d: not (d / "recovery" / "journal.jsonl").read_bytes().endswith(b"\n"),
      5),
+    ("twin-torn", lambda d: not (d / "recovery" / "journal-twin.jsonl").read_bytes()
+     .endswith(b"\n"), 5),
 ]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.grads import (flat_mean_gradient, per_prompt_grads, per_prompt_grads_fast,
                           per_prompt_grads_reference, prompt_gradient, trainable_parameters)
 from dpgrpo.model import LoraSettings, attach_lora
@@ -260,34 +260,71 @@ def _with_recording_dropout(model, p: float):
     return saved
 
 
-def test_fast_path_with_lora_dropout_equals_autograd(tok):
-    """With dropout active, the hooks' rebuilt dropped inputs give autograd's gradients."""
+def _dropout_model(tok, p: float = 0.3, train: str = "all"):
     base = build_tiny_model(tok, dtype="float64")
     exact_rmsnorm(base)
-    model = attach_lora(base, LoraSettings(dropout=0.3))
+    model = attach_lora(base, LoraSettings(dropout=p, train=train))
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, prm in model.named_parameters():
             if "lora_B" in name:
-                p.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(5))
+                prm.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(5))
+    return model
+
+
+@pytest.mark.parametrize("train", ["all", "B"])
+def test_fast_path_with_lora_dropout_equals_autograd(tok, train):
+    """With dropout active, the hooks' rebuilt dropped inputs give autograd's gradients, also
+    with lora_A frozen (whose hook still applies dropout's scale)."""
+    model = _dropout_model(tok, train=train)
     rewards = torch.tensor([[1., 0, 0, 1], [0, 1, 1, 1]])
     batch = make_batch(model.eval(), tok, rewards, seed=2)
     model.train()
-    torch.manual_seed(123)
-    fast = per_prompt_grads(model, GRPOObjective(), batch, method="fast", rows_per_pass=2)
+    fast = per_prompt_grads(model, GRPOObjective(), batch, method="fast", rows_per_pass=2,
+                            dropout_seeds=[11, 22])
     saved = _with_recording_dropout(model, 0.3)
-    try:
-        torch.manual_seed(123)                     # the same masks, drawn in the same order
+    try:                                           # the same masks: the same seeds
         ref = per_prompt_grads(model, GRPOObjective(), batch, method="reference",
-                               rows_per_pass=2)
+                               rows_per_pass=2, dropout_seeds=[11, 22])
     finally:
         for container, name, d in saved:
             container[name] = d
-    torch.manual_seed(124)
-    other = per_prompt_grads(model, GRPOObjective(), batch, method="fast", rows_per_pass=2)
+    other = per_prompt_grads(model, GRPOObjective(), batch, method="fast", rows_per_pass=2,
+                             dropout_seeds=[11, 23])
     assert _max_abs(fast, ref) <= 1e-12
-    assert _max_abs(fast, other) > 1e-6            # dropout really acted
+    assert all(torch.equal(fast[n][0], other[n][0]) for n in fast)   # prompt 0: same seed
+    assert max(float((fast[n][1] - other[n][1]).abs().max()) for n in fast) > 1e-6  # it acted
     assert all(isinstance(d, torch.nn.Dropout) for *_, d in saved)   # originals restored
-    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+    assert all(p.requires_grad == (train == "all" or "lora_B" in n)
+               for n, p in model.named_parameters() if "lora_" in n)
+
+
+@pytest.mark.parametrize("method", ["fast", "reference"])
+def test_dropout_masks_are_bound_to_the_prompt(tok, method):
+    """Issue 32, defect 1: with LoRA dropout on (train mode), a prompt's gradient is
+    bit-identical whatever its batch-mates and its position, given its own dropout seed; the
+    run's global generator is neither read nor advanced. (Masks drawn in order from one
+    generator, as before, moved every later prompt's gradient when a prompt was added first.)"""
+    model = _dropout_model(tok).train()
+    obj = GRPOObjective()
+    specs, extra = random_specs(tok, 0, 3), random_specs(tok, 1, 1, long=True)
+    rewards = torch.tensor([[1., 0, 1], [0, 0, 1], [1, 1, 0]], dtype=torch.float64)
+    alone = _grpo_batch(model, tok, specs, rewards)
+    crowded = _grpo_batch(model, tok, [extra[0], specs[2], specs[0], specs[1]],
+                          rewards[[0, 2, 0, 1]])
+    seeds = [2**255 + 1, 2**200 + 7, 12345]
+    state = torch.get_rng_state()
+    a = per_prompt_grads(model, obj, alone, method=method, rows_per_pass=2, dropout_seeds=seeds)
+    b = per_prompt_grads(model, obj, crowded, method=method, rows_per_pass=2,
+                         dropout_seeds=[99, seeds[2], seeds[0], seeds[1]])
+    assert torch.equal(torch.get_rng_state(), state)          # the global stream untouched
+    for i, j in ((0, 2), (1, 3), (2, 1)):
+        assert all(torch.equal(a[n][i], b[n][j]) for n in a), (i, j)
+    c = per_prompt_grads(model, obj, alone, method=method, rows_per_pass=2,
+                         dropout_seeds=[seeds[0] + 1, *seeds[1:]])
+    assert max(float((a[n][0] - c[n][0]).abs().max()) for n in a) > 1e-6   # masks matter
+    assert all(torch.equal(a[n][1], c[n][1]) for n in a)
+    with pytest.raises(PrivacyError):
+        per_prompt_grads(model, obj, alone, method=method, dropout_seeds=seeds[:2])
 
 
 @pytest.mark.parametrize("method", ["fast", "reference"])

@@ -31,10 +31,14 @@ CERTIFICATE_KEYS = {
     "noise_generator", "trainable_coordinates", "model", "task", "group_size", "canary_slots",
     "dpgrpo_version", "assumptions", "budget_independent_of", "shared_budget", "replace_one",
     "group_privacy", "target_epsilon", "not_releasable_because", "record_isolation",
+    "adapter",  # what trained, what stayed frozen, the public warm start (issue 26)
+    "record_randomness",
 }
 NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2", "A3", "A4",
                "relation", "group", "method", "basis", "meaningful", "gradients", "rollouts",
-               "rollout_mode", "rollout_engine", "verifier"}
+               "rollout_mode", "rollout_engine", "verifier",
+               "lora_train", "trains", "lora_rank", "lora_bias", "target_modules", "lora_layers",
+               "init_adapter", "path", "sha256", "public_input"}
 
 
 def tiny_config(model_dir, *extra: str) -> RunConfig:

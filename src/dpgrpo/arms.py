@@ -16,11 +16,13 @@ import torch
 
 from dpgrpo.arm_table import ArmSpec, arm_spec
 from dpgrpo.config import RunConfig, TrainConfig
+from dpgrpo.errors import PrivacyError
 from dpgrpo.metrics import Laps
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, compute_advantages
 from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_gold_sft_batch
+from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.rollout import RolloutEngine, make_engine
 
 #: objective name of the arm table -> the objective, from the train table
@@ -55,30 +57,40 @@ class Arm:
             self._engine = self.new_engine()
         return self._engine
 
-    def batch(self, records: list[tuple[Any, Any]], generator: torch.Generator
-              ) -> tuple[TrainBatch, dict[str, float]]:
-        """Build this round's TrainBatch from the sampled (task, problem) records."""
+    def batch(self, records: list[tuple[Any, Any]], generator: torch.Generator | None = None,
+              *, coins: PromptCoins | None = None) -> tuple[TrainBatch, dict[str, float]]:
+        """Build this round's TrainBatch from the sampled (task, problem) records.
+
+        ``coins`` (the trainer's): prompt i's rollout seed and shuffle coins come from its own
+        (round, slot) streams, so no batch-mate or position changes them (A2/A3). Without
+        them, randomness comes from ``generator`` (tests, tools) or fresh OS entropy.
+        """
+        if coins is not None and len(coins) != len(records):
+            raise PrivacyError(f"{len(coins)} prompts' coins for {len(records)} prompts")
         if self.spec.rollouts is None:
             return self._gold(records)
-        rollouts, rewards = self._rollouts(records, generator)
+        seeds = None if coins is None else coins.seeds("rollout")
+        rollouts, rewards = self._rollouts(records, generator, seeds)
         self.laps.mark("rollout")
         info = _info(rollouts, rewards)
         if self.spec.objective == "sft":  # supervised on the verified-correct completions
             return build_filtered_sft_batch(rollouts, rewards), info
-        adv = compute_advantages(rewards, self.spec.advantage, generator=generator)
+        shuffle = (coins.uniforms("shuffle", self.train.group_size)
+                   if coins is not None and self.spec.advantage == "shuffled" else None)
+        adv = compute_advantages(rewards, self.spec.advantage, generator=generator, coins=shuffle)
         ref = (reference_logprobs(self.model, rollouts,
                                   batch_size=self.train.rows_per_pass(self.cap))
                if self.train.beta > 0 else None)
         self.laps.mark("reference")
         return build_grpo_batch(rollouts, rewards, adv, ref), info
 
-    def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator
-                  ) -> tuple[Any, torch.Tensor]:
+    def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator | None,
+                  seeds: list[int] | None) -> tuple[Any, torch.Tensor]:
         g = self.train.group_size
         messages = [task.prompt(problem) for task, problem in records]
         rollouts = self.engine.generate(  # filtered SFT samples from the public base policy
             messages, group_size=g, temperature=self.train.temperature,
-            max_new_tokens=self.cap, generator=generator,
+            max_new_tokens=self.cap, seeds=seeds, generator=generator,
             use_adapter=not self.spec.base_rollouts)
         rewards = torch.tensor([[task.reward(text, problem) for text in texts]
                                 for (task, problem), texts in zip(records, rollouts.texts)],

@@ -130,7 +130,8 @@ def _release_readme(cert: dict[str, Any]) -> str:
 
         groups = "; ".join(f"k = {g.get('group')}: {fig(g)}" for g in cert.get("group_privacy", []))
         protects = (
-            f"What each figure protects, all at the same delta: epsilon = {eps} protects one "
+            "What each figure protects, all accounted at the same delta (each with the "
+            f"noise-tail term at its own epsilon): epsilon = {eps} protects one "
             "problem (with its reference answer) added to or removed from the training set; "
             f"replace-one {fig(cert['replace_one'])} protects one problem swapped for another; "
             f"a person who contributed k problems, all added or removed together, is protected "
@@ -162,7 +163,7 @@ def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
     with disk_full_guard(final):
         tmp = Path(tempfile.mkdtemp(dir=recovery_dir, prefix=".step-"))
         try:
-            adapter = {k: v.detach().cpu() for k, v in model.named_parameters() if v.requires_grad}
+            adapter = {k: v.detach().cpu() for k, v in _restorable(model).items()}
             torch.save({"round_done": round_done, "adapter": adapter,
                         "optimizer": optimizer.state_dict(), "generators": generators, **extra},
                        tmp / "state.pt")
@@ -250,9 +251,19 @@ def load_recovery(recovery_dir: Path) -> dict[str, Any] | None:
     return None if found is None else found.state
 
 
+def _restorable(model: Any) -> dict[str, torch.nn.Parameter]:
+    """The trainable parameters and every adapter weight, frozen ones included: a frozen
+    lora_A (model.lora_train = "B") was drawn at start-up and a resumed run must keep it."""
+    from dpgrpo.grads import trainable_parameters
+    from dpgrpo.model import adapter_parameters
+
+    trainable = trainable_parameters(model)
+    return {**adapter_parameters(model), **trainable}
+
+
 def restore_adapter(model: Any, adapter: dict[str, torch.Tensor]) -> None:
-    """Copy saved trainable tensors back into the model (names must match exactly)."""
-    params = {k: v for k, v in model.named_parameters() if v.requires_grad}
+    """Copy saved adapter tensors back into the model (names must match exactly)."""
+    params = _restorable(model)
     if set(params) != set(adapter):
         raise ConfigError("recovery checkpoint does not match the model's trainable parameters")
     with torch.no_grad():

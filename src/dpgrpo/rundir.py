@@ -4,8 +4,8 @@
 
     RUN_DIR/release/    what may be published (release.RELEASE_FILES): adapter, public config,
                         certificate.json, model card
-    RUN_DIR/recovery/   private: config.json/.toml (full), journal.jsonl, ledger.json,
-                        telemetry.jsonl, canaries.json, step-XXXXXX/ checkpoints
+    RUN_DIR/recovery/   private: config.json/.toml (full), journal.jsonl and its twin
+                        journal-twin.jsonl, ledger.json, telemetry.jsonl, canaries.json, step-XXXXXX/ checkpoints
     RUN_DIR/.lock       the writer's pid (runlock.py)
 
 :class:`RunDir` names these paths and reads what others read from a run: the public config,
@@ -58,6 +58,19 @@ class RunDir:
     @property
     def journal(self) -> Path:
         return self.recovery / "journal.jsonl"
+
+    @property
+    def journal_twin(self) -> Path:
+        """The journal's second, independent copy (privacy/journal.py): no single lost file
+        can lose a charged round."""
+        return self.recovery / "journal-twin.jsonl"
+
+    def journals(self) -> tuple[Path, Path]:
+        return (self.journal, self.journal_twin)
+
+    def has_charges(self) -> bool:
+        """Whether either journal file holds anything (a round may have been charged)."""
+        return any(p.exists() and p.stat().st_size > 0 for p in self.journals())
 
     @property
     def ledger(self) -> Path:

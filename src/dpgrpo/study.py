@@ -56,6 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.privacy.planning import noise_to_signal
 from dpgrpo.runtime import PeakRSS
 
 Say = Callable[[str], None]
@@ -177,11 +178,12 @@ def _overrides(table: Mapping[str, Any]) -> list[str]:
 def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Train (or resume, or skip when complete) one run; its certificate."""
     from dpgrpo.protocol import check_run_dir, release_complete
+    from dpgrpo.rundir import RunDir
     from dpgrpo.trainer import train
 
     check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
     if not release_complete(run_dir, config.train.steps):
-        resume = (run_dir / "recovery" / "journal.jsonl").exists()
+        resume = RunDir(run_dir).has_charges()
         train(None if resume else config, run_dir, resume=resume)
     return json.loads((run_dir / "release" / "certificate.json").read_text())
 
@@ -288,12 +290,6 @@ def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str,
             "holm_p": row.get("holm_p"), "a": row["accuracy_a"], "b": row["accuracy_b"]}
 
 
-def noise_to_signal(sigma: float, coordinates: int, expected_batch: float) -> float:
-    """Expected norm of the averaged noise over the largest averaged clipped signal:
-    ``sigma C sqrt(p) / (q n)`` divided by C (the paper's Appendix C-A puts MATH near 8)."""
-    return sigma * math.sqrt(coordinates) / expected_batch
-
-
 def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
     """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
     and certificate, or the reason it was refused."""
@@ -358,6 +354,7 @@ class _Study:
             table = {**table, "seeds": overrides["seeds"], "non_private_seeds": overrides["seeds"]}
             del overrides["seeds"]
         settings = StudySettings.from_table({**data.pop("study", {}), **overrides})
+        data.pop("tune", None)        # `dpgrpo tune`'s table (dpgrpo.experiments.tune)
         config = config_from_dict(data, source=str(config_path))
         out = Path(out_dir).resolve()
         return cls(config_path, out, settings, config,
@@ -605,9 +602,13 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci,
                     "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"],
                     **_permuted("audit_dp_leaky_auc", results["dp_leaky_mia"])}
+    dp_gain = _contrast(report, "dp-grpo", "base")["pp"]
     return {
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
-        "dp_gain_pp": _contrast(report, "dp-grpo", "base")["pp"],
+        "dp_gain_pp": dp_gain,
+        "retained_share": dp_gain / nonprivate["pp"] if nonprivate["pp"] else None,
+        "trainable_params": cert["trainable_coordinates"],
+        "completions_per_arm": cert["expected_batch"] * cert["group_size"] * cert["steps"],
         "dp_vs_control_pp": dp["pp"], "dp_vs_control_ci": dp["ci"],
         "dp_vs_control_mde": dp["mde"],
         "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],

@@ -41,6 +41,7 @@ from dpgrpo.metrics import open_metrics
 from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.privacy.contributors import round_prompts, sum_within_records
 from dpgrpo.privacy.journal import PrivacyJournal
+from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.quiet import quiet_model_loading
 from dpgrpo.resume import check_charged, gather_evidence, read_run_config, reconcile
 from dpgrpo.resume import release_is_current
@@ -110,7 +111,8 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     with quiet_model_loading():
         run = build_run(config, run_dir, ctx)
-    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma)
+    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma,
+                             twin=RunDir(run_dir).journal_twin)
     notes: list[str] = []
     if resume:
         start = _restore(run, journal, ctx, notes)
@@ -120,8 +122,9 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
             _write_recovery_config(run)
             journal.open()
     arm = make_arm(config, run.policy, run.task)
-    laps = arm.laps  # wall-clock per phase: public metrics (train.metrics), never data
-    metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True))
+    laps = arm.laps  # wall-clock per phase: private telemetry (they track the batch size)
+    metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True),
+                            timings=config.train.public_timings, releasable=config.releasable)
                if ctx.is_main else None)
     q, sigma, clip = run.q, run.sigma, run.clip_norm
     skipped = run.steps_skipped
@@ -134,14 +137,18 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
             journal.charge(t, q, sigma)                               # before touching data
         tic = time.perf_counter()
         sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
-        records = [run.slots[i] for i in sampled if run.slots[i] is not None]  # absent: zero
-        records = shard(records, ctx)                                 # this rank's records
+        mine = shard([int(i) for i in sampled if run.slots[i] is not None], ctx)  # absent: zero
+        records = [run.slots[i] for i in mine]                        # this rank's records
+        key = broadcast_object(run.coins.round_key(t) if ctx.is_main else None, ctx)
         laps.reset()
-        plan = round_prompts(records, run.chooser)                    # a contributor: <= k
-        batch, info = arm.batch(plan.prompts, run.rollout_generator())  # lines 4-6 (objective)
+        plan = round_prompts(records, run.chooser,                    # a contributor: <= k
+                             [key.reader(s, 0, "choose") for s in mine])
+        coins = PromptCoins.for_records(key, mine, plan.bounds)       # bound to (round, slot)
+        batch, info = arm.batch(plan.prompts, coins=coins)            # lines 4-6 (objective)
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                                  method=_grad_method(config),
-                                 rows_per_pass=config.train.rows_per_pass(arm.cap))  # line 6
+                                 rows_per_pass=config.train.rows_per_pass(arm.cap),
+                                 dropout_seeds=coins.seeds("dropout"))  # line 6
         grads = sum_within_records(grads, plan)                       # one gradient per record
         laps.mark("gradients")
         update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,
@@ -153,12 +160,13 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         else:
             skipped += 1                                              # still charged
         laps.mark("step")
+        timings = {"time/round": time.perf_counter() - tic, **laps.row()}  # private by default
         run.telemetry.append({"round": t + 1, "batch_size": update.num_records,
                               "prompts": len(plan.prompts), **info,
                               "nonfinite_records": update.num_nonfinite,
                               "clipped_records": update.num_clipped,
                               "step_skipped": not update.finite,
-                              "seconds": time.perf_counter() - tic})
+                              "seconds": timings["time/round"], **timings})
         done_here += 1
         release_free_memory()                                         # RSS back to baseline
         if (progress is not None or metrics is not None) and ctx.is_main:
@@ -166,7 +174,9 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
                       "epsilon": _epsilon_so_far(journal, config.private, run.delta),
                       "elapsed": time.perf_counter() - started}
             if metrics is not None:                                   # public values only
-                metrics.log({**public, "time/round": time.perf_counter() - tic, **laps.row()})
+                metrics.log({k: public[k] for k in ("round", "steps", "epsilon")}
+                            | (timings | {"elapsed": public["elapsed"]}
+                               if config.train.public_timings else {}))
             private = {"batch_size": update.num_records, "reward_mean": info.get("reward_mean")}
             if progress is not None:
                 progress({**public, **private} if show_private else public)
@@ -255,9 +265,10 @@ def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: li
     start = 0 if found is None else found.round_done  # none: start over, rounds stay charged
     if not ctx.is_main:
         return start
-    scan = journal.open()
-    if scan.damaged or scan.torn_tail:
-        notes.append(f"{journal.path}: damaged line(s) {scan.damaged} charged as one round each")
+    journal.open()
+    notes += [f"{path}: damaged line(s) {scan.damaged} charged as one round each"
+              for path, scan in journal.scans.items() if scan.damaged or scan.torn_tail]
+    notes += journal.notes  # one file behind the other: brought up to the larger count
     evidence = gather_evidence(run.run_dir, run.q, run.sigma, found)
     note = reconcile(journal, evidence, start)
     if note is not None:
@@ -274,9 +285,7 @@ def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: li
 def _holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds any privacy record of an earlier run."""
     layout = RunDir(run_dir)
-    journal = layout.journal
-    return ((journal.exists() and journal.stat().st_size > 0)
-            or bool(checkpoint_dirs(layout.recovery)) or layout.ledger.exists()
+    return (layout.has_charges() or bool(checkpoint_dirs(layout.recovery)) or layout.ledger.exists()
             or layout.release.exists())
 
 
@@ -292,8 +301,7 @@ def _first_missing(path: Path) -> Path | None:
 
 def _remove_failed_start(run_dir: Path, created: Path | None, made_recovery: bool) -> None:
     """Undo a fresh start that failed before any round was charged (nothing touched data)."""
-    journal = RunDir(run_dir).journal
-    if journal.exists() and journal.stat().st_size > 0:
+    if RunDir(run_dir).has_charges():
         return  # rounds were charged: the records must stay
     if created is None:
         if made_recovery:

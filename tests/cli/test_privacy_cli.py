@@ -74,6 +74,13 @@ def test_verify_writes_record(tmp_path):
             "noise_secret_bits", "noise_tail_delta"} <= names
     checks = {c["check"]: c for c in data["checks"]}
     assert checks["noise_secret_bits"]["measured"] >= 128
+    # issue 32: the randomness checks, in the JSON record with their numbers
+    assert checks["noise_block_repeats"]["measured"] == 0
+    assert checks["noise_pairs_per_coordinate"]["measured"] == 4
+    assert checks["poisson_coin_resolution_bits"]["measured"] == 53
+    assert checks["poisson_small_q_frequency_z"]["measured"] < 6
+    assert checks["record_randomness_secret_bits"]["measured"] == 256
+    assert checks["record_randomness_binding"]["measured"] == 0
     assert checks["noise_tail_delta"]["measured"] <= checks["noise_tail_delta"]["tolerance"]
     assert data["passed"] and all(c["passed"] for c in data["checks"])
 

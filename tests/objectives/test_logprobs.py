@@ -104,3 +104,81 @@ def test_trainable_head_is_refused():
     weight = torch.zeros(5, 3, requires_grad=True)
     with pytest.raises(ConfigError, match="frozen lm_head"):
         chosen_logprobs(torch.zeros(2, 3), weight, torch.tensor([0, 1]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_bf16_head_on_cuda_equals_the_unfused_computation(chunk):
+    """bf16 hidden states and head on CUDA (the MATH preset's dtype): logits are formed in bf16
+    and upcast to fp32 as ``model(...).logits.float()`` would be, so values agree with the
+    unfused (K, V) computation to bf16 rounding of the logits, and the gradient with respect
+    to the hidden states agrees with autograd through it."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(40, 64, generator=gen).to("cuda", torch.bfloat16)
+    weight = (0.05 * torch.randn(VOCAB, 64, generator=gen)).to("cuda", torch.bfloat16)
+    targets = torch.randint(0, VOCAB, (40,), generator=gen).to("cuda")
+    grad_out = torch.randn(40, generator=gen).to("cuda")
+
+    h_ref = hidden.clone().requires_grad_(True)
+    logits = torch.nn.functional.linear(h_ref, weight).float()                 # (K, V)
+    ref = logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, -1)
+    (ref * grad_out).sum().backward()
+
+    h = hidden.clone().requires_grad_(True)
+    fused = chosen_logprobs(h, weight, targets, chunk=chunk)
+    (fused * grad_out).sum().backward()
+    assert fused.dtype == torch.float32 and h.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(fused, ref, rtol=0, atol=2e-2)
+    err = (h.grad.float() - h_ref.grad.float()).norm() / h_ref.grad.float().norm()
+    assert float(err) < 2e-2, float(err)
+
+
+# --- two different prompts of equal length (issue 32) -----------------------------------------
+
+def _equal_length_prompts(tok, count: int = 2) -> list[str]:
+    """Messages whose chat prompts tokenize to the same length with different tokens."""
+    by_length: dict[int, list[str]] = {}
+    for a in range(10, 99):
+        message = f"What is {a} plus {a + 7}?"
+        text = tok.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
+                                       add_generation_prompt=True)
+        by_length.setdefault(len(tok(text, add_special_tokens=False)["input_ids"]), []).append(message)
+    return max(by_length.values(), key=len)[:count]
+
+
+def test_equal_length_prompts_never_share_a_prompt_pass():
+    """A prompt's key/value cache must never serve another prompt of the same length: the
+    reference pass (one prompt per forward, its cache extended by its G rows) and a window of
+    two groups give each prompt exactly the values it gets alone, and the two prompts' values
+    differ on identical completions (so the comparison can see a swapped cache)."""
+    import torch
+
+    from dpgrpo.objectives.grpo import reference_logprobs
+    from dpgrpo.objectives.logprobs import token_logprobs
+    from dpgrpo.verify.fixtures import build_tiny_tokenizer, rollouts_from_specs
+    from dpgrpo.verify.fixtures import tiny_fp32_policy
+
+    tok = build_tiny_tokenizer()
+    model = tiny_fp32_policy(tok)
+    first, second = _equal_length_prompts(tok)
+    assert first != second
+    gen = torch.Generator().manual_seed(5)
+    comps = [torch.randint(3, len(tok), (6,), generator=gen).tolist() + [tok.eos_token_id]
+             for _ in range(3)]  # the same completions under both prompts
+    both = rollouts_from_specs(tok, [(first, comps), (second, comps)])
+    alone = [rollouts_from_specs(tok, [(m, comps)]) for m in (first, second)]
+    assert both.input_ids.shape[1] == alone[0].input_ids.shape[1] == alone[1].input_ids.shape[1]
+    mask = both.completion_mask.bool()
+    for together in (reference_logprobs(model, both, batch_size=3),
+                     reference_logprobs(model, both)):
+        for i, single in enumerate(reference_logprobs(model, a) for a in alone):
+            rows = slice(3 * i, 3 * i + 3)
+            assert torch.equal(together[rows], single), f"prompt {i} took another's cache"
+        assert not torch.equal(together[0:3][mask[0:3]], together[3:6][mask[3:6]])
+    with torch.no_grad():  # one forward over both groups: each group's own prompt
+        shared = token_logprobs(model, both.input_ids, both.attention_mask,
+                                mask=both.completion_mask, group_size=3)
+        plain = token_logprobs(model, both.input_ids, both.attention_mask,
+                               mask=both.completion_mask)
+    assert torch.allclose(shared, plain, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(shared[0:3][mask[0:3]], shared[3:6][mask[3:6]], atol=1e-3)

@@ -124,7 +124,8 @@ def _run(cfg, ledger):
                            expected_batch=20.0, seeded=False, num_canaries=0,
                            coordinates=1000, n_source="data.n_slots",
                            noise=SimpleNamespace(releasable=True, secure=True),
-                           sampler=SimpleNamespace(releasable=True))
+                           sampler=SimpleNamespace(releasable=True),
+                           coins=SimpleNamespace(releasable=True), init_adapter_sha256=None)
 
 
 def test_certificate_and_release_card_state_the_figures():
@@ -146,3 +147,28 @@ def test_certificate_and_release_card_state_the_figures():
     none = certificate(_run(apply_overrides(cfg, ["privacy.group_sizes="]), ledger), ledger, 30)
     assert none["group_privacy"] == [] and "replace_one" in none
     assert neighbour_figures(ledger.events, 1e-5, ())["group_privacy"] == []
+
+
+def test_figures_carry_the_noise_tail_term_like_the_headline(monkeypatch):
+    """Issue 32, defect 6: replace-one and group figures were stated at delta_pld alone."""
+    from dpgrpo.run_setup import certificate
+
+    seen = []
+
+    def tail(d, rounds, eps):  # large enough to see in floating point; grows with epsilon
+        seen.append(eps)
+        return 1e-7 * rounds * (1.0 + math.exp(min(eps, 50.0))) / 1e3
+
+    monkeypatch.setattr("dpgrpo.run_setup.noise_tail_delta", tail)
+    ledger = PrivacyLedger([RoundEvent(0.02, 1.0, 30)])
+    cfg = apply_overrides(embedded_default(), ["privacy.group_sizes=2,4"])
+    cert = certificate(_run(cfg, ledger), ledger, 30)
+    assert cert["delta"] == 1e-5 + tail(1000, 30, cert["epsilon"])
+    for fig in (cert["replace_one"], *cert["group_privacy"]):
+        term = tail(1000, 30, fig["epsilon"])  # at the figure's own epsilon, T = 30 rounds
+        assert term > 1e-9 and fig["noise_tail_delta"] == term
+        assert fig["delta"] == 1e-5 + term and fig["delta_pld"] == 1e-5
+        assert fig["delta"] > cert["delta_pld"]
+    # a group figure's epsilon is larger, so its tail term is too
+    assert cert["group_privacy"][1]["noise_tail_delta"] > cert["group_privacy"][0]["noise_tail_delta"]
+    assert neighbour_figure(ledger.events, 1e-5).with_tail(0.0).delta == 1e-5

@@ -108,9 +108,8 @@ def test_missing_journal_is_empty(tmp_path):
 
 
 def test_full_disk_is_a_clear_error(tmp_path):
-    j = PrivacyJournal(tmp_path / "journal.jsonl", Q, SIGMA)
-    j.path = j.path.parent / "full"
-    j.path.symlink_to("/dev/full")  # every write fails with ENOSPC
+    (tmp_path / "full").symlink_to("/dev/full")  # every write fails with ENOSPC
+    j = PrivacyJournal(tmp_path / "full", Q, SIGMA)
     with pytest.raises(DiskFullError, match="disk full: could not append to the privacy journal"):
         j.charge(0, Q, SIGMA)
     assert j.rounds == 0
@@ -143,3 +142,40 @@ def test_every_line_is_fsynced_before_charge_returns(tmp_path, monkeypatch):
         j.charge(t, Q, SIGMA)
         assert synced and synced[-1] == j.path.stat().st_size  # this line included
     assert len([s for s in synced if s > 0]) == 3
+
+
+# --- two independent files (issue 32) ---------------------------------------------------------
+
+def twin_journal(tmp_path, *, charges: int = 0) -> PrivacyJournal:
+    j = PrivacyJournal(tmp_path / "journal.jsonl", Q, SIGMA, twin=tmp_path / "twin.jsonl")
+    j.open()
+    for t in range(charges):
+        j.charge(t, Q, SIGMA)
+    return j
+
+
+def test_every_charge_is_in_both_files(tmp_path):
+    j = twin_journal(tmp_path, charges=3)
+    assert j.path.stat().st_ino != j.twin.stat().st_ino  # two files, not one linked twice
+    assert scan(j.path, Q, SIGMA).rounds == scan(j.twin, Q, SIGMA).rounds == j.rounds == 3
+    assert lines(j.path) == lines(j.twin)
+
+
+@pytest.mark.parametrize("damaged", ["journal.jsonl", "twin.jsonl"])
+@pytest.mark.parametrize("damage", [
+    lambda p: p.unlink(),                                              # deleted
+    lambda p: p.write_bytes(b"".join(p.read_bytes().splitlines(True)[:1])),  # rolled back
+    lambda p: p.write_bytes(p.read_bytes()[:30]),                      # cut mid-line
+    lambda p: p.write_bytes(b"\x00" * 40),                             # garbled
+], ids=["delete", "rollback", "cut", "garble"])
+def test_either_file_alone_keeps_every_round(tmp_path, damaged, damage):
+    twin_journal(tmp_path, charges=4)
+    damage(tmp_path / damaged)
+    again = PrivacyJournal(tmp_path / "journal.jsonl", Q, SIGMA, twin=tmp_path / "twin.jsonl")
+    again.open()
+    assert again.rounds == 4                         # the larger count, never the smaller
+    assert any(damaged in note for note in again.notes)   # the lagging file is named
+    for path in (again.path, again.twin):            # and brought up to it
+        assert scan(path, Q, SIGMA).rounds == 4
+    again.charge(4, Q, SIGMA)
+    assert scan(again.path, Q, SIGMA).rounds == scan(again.twin, Q, SIGMA).rounds == 5

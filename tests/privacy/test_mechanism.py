@@ -185,3 +185,26 @@ def test_privatize_is_clip_sum_count_then_noise_and_scale():
                       noise=NoiseSource(seed=11))
     assert torch.equal(split["w"], whole.update["w"])
     assert whole.num_nonfinite == 1 and whole.num_clipped == 3
+
+
+@pytest.mark.cuda
+def test_noise_drawn_on_the_cpu_reaches_cuda_sums_bit_for_bit():
+    """CUDA sums get the CPU's fp64 noise moved once, each tensor its own slice in order: the
+    noisy, scaled update equals the CPU run's bit for bit (the transfer is exact and fp64
+    addition and division are correctly rounded on both), stays on the sums' device, and its
+    deviation from the sum is the seeded stream's draws."""
+    from dpgrpo.privacy.mechanism import noise_and_scale
+
+    total = {k: v.sum(0) for k, v in _records(3, seed=4).items()}
+    on_cuda = {k: v.to("cuda") for k, v in total.items()}
+    kw = dict(clip_norm=0.5, noise_multiplier=1.3, expected_batch=4.0)
+    cpu = noise_and_scale(total, noise=NoiseSource(seed=9), **kw)
+    gpu = noise_and_scale(on_cuda, noise=NoiseSource(seed=9), **kw)
+    for name in total:
+        assert gpu[name].device.type == "cuda" and gpu[name].dtype == torch.float64
+        assert torch.equal(gpu[name].cpu(), cpu[name]), name
+    source = NoiseSource(seed=9)
+    source.start_round()
+    flat = source.normal((sum(v.numel() for v in total.values()),), 0.5 * 1.3)
+    moved = torch.cat([(gpu[k].cpu() * 4.0 - total[k]).reshape(-1) for k in total])
+    torch.testing.assert_close(moved, flat, rtol=0, atol=1e-12)

@@ -22,6 +22,7 @@ from dpgrpo.privacy.noise import (
     NoiseSource,
     box_muller,
     check_noise_tail,
+    combine_draws,
     noise_tail_delta,
 )
 from dpgrpo.privacy.sampling import public_slot_count
@@ -71,16 +72,76 @@ def test_os_source_is_read_every_round_and_drives_that_round(monkeypatch):
 
 
 def test_known_answer_from_the_chacha20_keystream():
-    """5 coordinates: 3 Box-Muller pairs per draw, 4 draws (12 pairs: their first radius
-    words, then the second, third and fourth, then the angle words), summed and halved, in
-    stream order."""
+    """5 coordinates: 3 coordinates' worth of pairs per draw, 4 draws (12 pairs: their first
+    radius words, then the second, third and fourth, then the angle words). Coordinate j < 3
+    sums the cosines of pairs j, 3 + j, 6 + j, 9 + j and coordinate 3 + j their sines; halved.
+    (Before issue 32 it summed the cosine and sine of the same pairs: reshape(4, 6).)"""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
     key = bytes(range(KEY_BYTES))
     stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
     words = np.frombuffer(stream.update(bytes(8 * 5 * 3 * 4)), dtype="<u8").reshape(5, -1)
-    expected = box_muller(words).reshape(4, 6).sum(dim=0)[:5] / 2.0
+    draws = box_muller(words).reshape(2, 12)                       # cosines, sines
+    expected = torch.stack([draws[0, [j, 3 + j, 6 + j, 9 + j]].sum() for j in range(3)]
+                           + [draws[1, [j, 3 + j, 6 + j, 9 + j]].sum() for j in range(2)]) / 2.0
     assert torch.equal(_draw(key, 5), expected)
+    assert _draw(key, 5).tolist() == pytest.approx(KNOWN_ANSWER, abs=1e-15)
+
+
+#: the first 5 coordinates under the key 00 01 .. 1f (defect-5 layout fixed: four pairs each)
+KNOWN_ANSWER = [1.1025780512593022, 0.003284906654634212, 0.9055948245659685,
+                -0.8560794850088095, 1.908771050055647]
+
+
+@pytest.mark.parametrize("count", [1, 2, 5, 8, 9])
+def test_every_coordinate_sums_four_different_pairs(count):
+    """Issue 32, defect 5: perturb one pair's radius at a time and see which coordinates move:
+    every coordinate depends on exactly SECURE_DRAWS distinct pairs (their radii), and every
+    pair feeds at most two coordinates (its cosine and its sine). Summing the cosine and sine
+    of one pair, as before, made each coordinate depend on two pairs only."""
+    pairs = SECURE_DRAWS * ((count + 1) // 2)
+    rng = np.random.default_rng(count)               # test input words only
+    words = rng.integers(0, 2 ** 64 - 1, (5, pairs), dtype=np.uint64, endpoint=True)
+    base = combine_draws(box_muller(words), count)
+    depends: list[set[int]] = [set() for _ in range(count)]
+    for k in range(pairs):
+        moved = words.copy()
+        moved[0, k] ^= np.uint64(1 << 63)            # the radius's top bit: a large change
+        changed = (combine_draws(box_muller(moved), count) != base).nonzero().flatten()
+        assert len(changed) <= 2
+        for j in changed.tolist():
+            depends[j].add(k)
+    assert all(len(d) == SECURE_DRAWS for d in depends), depends
+
+
+def test_noise_has_no_repeats_or_correlation_across_blocks_and_calls():
+    """Issue 32, mutation (a): a keystream restarted every 65,536 coordinates (or every call)
+    repeats the noise exactly, with the marginal still N(0, 1). With a fixed key (so the
+    verdict is deterministic, never by chance): 3.5 blocks of 2^16 coordinates and a second
+    call hold no repeated double, and the correlation of any two blocks is below 5 / 256
+    (5 standard errors of 2^16 independent pairs)."""
+    key, block = bytes(range(7, 39)), 1 << 16
+    source = NoiseSource(entropy=lambda n: key)
+    source.start_round()
+    first = source.normal((3 * block + block // 2,), 1.0)
+    second = source.normal((block,), 1.0)                # the same round, the stream goes on
+    both = torch.cat([first, second])
+    assert torch.unique(both).numel() == both.numel()
+    blocks = [first[i * block:(i + 1) * block] for i in range(3)] + [second]
+    for i in range(len(blocks)):
+        for j in range(i + 1, len(blocks)):
+            corr = float(torch.corrcoef(torch.stack([blocks[i], blocks[j]]))[0, 1])
+            assert abs(corr) < 5 / 256, (i, j, corr)
+    # and the chunked draw equals one continuous read of the stream: the known answer at the
+    # start of the second block (coordinates 65,536..65,540)
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    stream = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+    per_block = 5 * SECURE_DRAWS * (block // 2)
+    stream.update(bytes(8 * per_block))                  # skip the first block's words
+    words = np.frombuffer(stream.update(bytes(8 * per_block)), dtype="<u8").reshape(5, -1)
+    expected = combine_draws(box_muller(words), 5) / 2.0
+    assert torch.equal(first[block:block + 5], expected)
 
 
 def test_noise_before_start_round_is_refused():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,41 @@ def test_public_n_never_counts_valid_records():
     assert count(limit=120, problems=80).n == count(limit=120, problems=120).n == 124
     with pytest.raises(ConfigError, match="data.n_slots"):
         count(n_slots=50)
+
+
+# --- issue 32, mutation (b): the coins' resolution -------------------------------------------
+
+def _word(u_index: int) -> bytes:
+    """One 64-bit coin whose 53-bit uniform is u_index / 2^53 (its low 11 bits all set)."""
+    return int((u_index << 11) | 0x7FF).to_bytes(8, "little")
+
+
+@pytest.mark.parametrize("q", [128 / 6988, 0.2, 1e-6, 2.0 ** -40 * 3])
+def test_coins_have_53_bit_resolution(q):
+    """A slot whose coin is one 53-bit step below q is sampled, one step above (or at q) is
+    not: the inclusion probability is q to 2^-53. Coins of 8 bits (0.01953 instead of the
+    MATH preset's 0.01832) put both on the same side; so would any resolution under 53 bits.
+    Deterministic: the words are chosen, not drawn."""
+    edge = q * 2.0 ** 53                                 # exact: a power-of-two scaling
+    below, above = math.ceil(edge) - 1, math.floor(edge) + 1
+    at = [math.ceil(edge)] if math.ceil(edge) == edge else []
+    words = b"".join(_word(u) for u in [below, above, *at])
+    n = 2 + len(at)
+    assert PoissonSampler(n, q, entropy=lambda k: words[:k]).sample().tolist() == [0]
+    from dpgrpo.verify.randomness import coin_resolution_bits
+
+    assert coin_resolution_bits(q) == 53
+
+
+def test_inclusion_frequency_at_small_q_within_a_binomial_interval():
+    """2^20 slots at q = 128/6,988 (the MATH preset), the coins a fixed ChaCha20 stream (so
+    the verdict is deterministic): the count lies within 6 standard deviations of n q
+    (sd 137); 8-bit coins (real q 0.01953) land 9.3 sd away."""
+    from dpgrpo.privacy.record_coins import keystream
+    from dpgrpo.verify.randomness import small_q_frequency_z
+
+    n, q = 1 << 20, 128 / 6988
+    key = bytes(range(50, 82))
+    count = PoissonSampler(n, q, entropy=lambda k: keystream(key, bytes(16), k)).sample().size
+    assert abs(count - n * q) <= 6 * math.sqrt(n * q * (1 - q))
+    assert small_q_frequency_z() <= 6

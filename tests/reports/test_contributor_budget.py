@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dpgrpo.cli import app
 from dpgrpo.config import apply_overrides, embedded_default
+from dpgrpo.errors import ConfigError
 from dpgrpo.privacy.accounting import RoundEvent, compute_epsilon, group_epsilon
 from dpgrpo.reports.budget import count_slots, resolve_budget
 
@@ -34,7 +36,8 @@ def _config(mapping: Path, *extra: str):
 def test_contributor_slots_and_the_comparison(tmp_path):
     cfg = _config(_mapping(tmp_path, per_person=2))  # 1,000 problems, 500 contributors
     assert count_slots(cfg) == 500
-    assert count_slots(apply_overrides(cfg, ["data.limit=40"])) == 40   # capacity
+    with pytest.raises(ConfigError, match="data.limit = 40 with data.privacy_unit"):
+        apply_overrides(cfg, ["data.limit=40"])  # a cut would couple contributors (issue 32)
     assert count_slots(apply_overrides(cfg, ["data.n_slots=600"])) == 600
     row = resolve_budget(cfg, "people")
     c = row.contributor

@@ -38,9 +38,9 @@ def _stop_after(model, tok, modulus: int):
         ids = seen["ids"]
         if ids.shape[1] != 1:                       # prefill: the template's last token
             return output
-        output = output.clone()
-        output[(ids[:, -1] % modulus == 0), -1, tok.eos_token_id] += 1e4
-        return output
+        output = output.clone()          # arithmetic, no boolean indexing: a CUDA graph
+        output[:, -1, tok.eos_token_id] += 1e4 * (ids[:, -1] % modulus == 0).to(output.dtype)
+        return output                    # records it (indexing by a mask would synchronise)
 
     handles = [base.model.embed_tokens.register_forward_pre_hook(remember),
                base.lm_head.register_forward_hook(force)]
@@ -339,17 +339,94 @@ def test_static_steps_equal_dynamic_steps(policy, monkeypatch, temperature):
     assert len(set(runs[0].completion_lengths.tolist())) > 1
 
 
-def test_static_cache_columns_start_at_zero(policy):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_static_cache_columns_start_at_zero(device):
     """The constant-shape step attends over every column; unwritten ones must be zeros (a
-    masked column has weight 0, but 0 * NaN from stale memory is NaN)."""
-    model, tok = policy
+    masked column has weight 0, but 0 * NaN from stale memory is NaN). Once frozen, each write
+    lands at the column held in the device tensor ``slot`` and the whole allocation is read."""
     layer = decode_module.StaticLayer(12)
-    k = torch.randn(2, 2, 5, 4, dtype=torch.float64)
+    k = torch.randn(2, 2, 5, 4, dtype=torch.float64, device=device)
     layer.update(k, k.clone())
-    layer.batch_select_indices(torch.tensor([0, 0, 1]))
-    assert layer._k.shape == (3, 2, 12, 4)
-    assert torch.equal(layer._k[:, :, 5:], torch.zeros(3, 2, 7, 4, dtype=torch.float64))
+    layer.batch_select_indices(torch.tensor([0, 0, 1], device=device))
+    assert layer._k.shape == (3, 2, 12, 4) and layer._k.device.type == device
+    assert torch.equal(layer._k[:, :, 5:], torch.zeros_like(layer._k[:, :, 5:]))
     assert torch.equal(layer._k[:, :, :5], k[[0, 0, 1]])
+    slot = torch.tensor([5], device=device)
+    layer.freeze(slot)
+    new = torch.randn(3, 2, 1, 4, dtype=torch.float64, device=device)
+    keys, values = layer.update(new, -new)
+    assert keys.shape == (3, 2, 12, 4)                      # the whole allocation
+    assert torch.equal(keys[:, :, 5:6], new) and torch.equal(values[:, :, 5:6], -new)
+    assert torch.equal(keys[:, :, 6:], torch.zeros_like(keys[:, :, 6:]))
+
+
+# --- CUDA graphs (run by ``pytest -m cuda`` on a GPU; skipped elsewhere) ---------------------
+
+def _graph_step(forward, rows: int = 3, width: int = 4, vocab: int = 5):
+    from dpgrpo.rollout.graphs import StaticStep
+
+    mask = torch.ones((rows, width), dtype=torch.long, device="cuda")
+    return StaticStep(forward, [], mask, torch.full((rows,), width, device="cuda"),
+                      width + 6, torch.float32)
+
+
+@pytest.mark.cuda
+def test_a_captured_step_replays_the_eager_step_and_advances_its_state():
+    """capture() warms up, restores the state, records, checks one replay against the eager
+    step and restores again: replays then give the positions 4, 5, 6 the eager step would."""
+    from dpgrpo.rollout.graphs import capture
+
+    ones = torch.ones((1, 5), device="cuda")
+    step = _graph_step(lambda tokens, position, mask: position.float() * ones)  # (rows, V)
+    replay = capture(step)
+    seen = [replay()[:, 0].tolist() for _ in range(3)]
+    assert seen == [[4.0] * 3, [5.0] * 3, [6.0] * 3]
+    assert int(step.slot) == 7 and bool((step.mask[:, 0, 0, :7] == 0).all())
+
+
+@pytest.mark.cuda
+def test_capture_refuses_a_step_that_depends_on_host_state():
+    """A forward that reads Python-side state replays whatever it read at capture time; the
+    check against the eager step catches it (GraphMismatch) instead of decoding garbage."""
+    from dpgrpo.rollout.graphs import GraphMismatch, capture
+
+    table = torch.arange(40.0, device="cuda").reshape(8, 1, 5).expand(8, 3, 5).contiguous()
+    calls = iter(range(8))
+    step = _graph_step(lambda tokens, position, mask: table[next(calls)] * 1.0)
+    with pytest.raises(GraphMismatch):
+        capture(step)
+
+
+@pytest.fixture(scope="module")
+def cuda_policy():
+    model, tok = tiny_fp64_policy()
+    return model.to("cuda"), tok
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("isolated", [False, True])
+def test_cuda_graph_decoding_equals_the_dynamic_decoder(cuda_policy, monkeypatch, isolated):
+    """On CUDA, decoding replayed from captured graphs (the default there) samples the same
+    completions as the growing-cache decoder, with rows stopping at different steps."""
+    import dpgrpo.rollout.graphs as graphs
+    import dpgrpo.rollout.transformers_engine as te
+
+    model, tok = cuda_policy
+    kw = dict(group_size=3, temperature=1.0, max_new_tokens=10, seeds=[4, 5, 6],
+              isolated=isolated)
+    original, runs, captured = decode_module.decode, [], []
+    real_capture = graphs.capture
+    monkeypatch.setattr(decode_module, "capture",
+                        lambda step: captured.append(step) or real_capture(step))
+    with _stop_after(model, tok, 4):
+        for static in (False, None):                        # None: the CUDA default (graphs)
+            monkeypatch.setattr(te, "decode", lambda *a, static=None, forced=static, **k:
+                                original(*a, static=forced, **k))
+            runs.append(generate(model, tok, MSGS, **kw))
+    assert captured, "the default decoder on CUDA did not capture a graph"
+    assert torch.equal(runs[0].input_ids.cpu(), runs[1].input_ids.cpu())
+    assert torch.equal(runs[0].completion_mask.cpu(), runs[1].completion_mask.cpu())
+    assert len(set(runs[0].completion_lengths.tolist())) > 1
 
 
 def test_a_merged_adapter_decodes_the_same_and_leaves_every_weight_as_it_was():

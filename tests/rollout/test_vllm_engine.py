@@ -16,6 +16,7 @@ import torch
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout import make_engine
 from dpgrpo.rollout.batch import chat_prompt_ids
+from dpgrpo.rollout.engine import request_seed
 from dpgrpo.verify.fixtures import tiny_fp64_policy
 
 MSGS = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many are there now?",
@@ -101,12 +102,14 @@ def test_requests_seeds_and_format(fake_vllm, policy, check_rollouts):
     ro = engine.generate(MSGS, group_size=4, temperature=0.7, max_new_tokens=9,
                          seeds=[100, 200, 300])
     check_rollouts(ro, tok, 9)
-    assert int(ro.hit_cap.sum()) == llm.reasons.count("length") == 2   # stopped rows end
+    assert int(ro.hit_cap.sum()) == llm.reasons.count("length") >= 1   # stopped rows end
+    assert llm.reasons.count("stop") >= 1
     (prompts, params, lora), = llm.calls                  # batched: one call, all rows
     ids = chat_prompt_ids(tok, MSGS)
     sent = [(tuple(q["prompt_token_ids"]), p.seed) for q, p in zip(prompts, params)]
-    assert sorted(sent) == sorted((tuple(ids[i]), s + j) for i, s in enumerate((100, 200, 300))
-                                  for j in range(4))          # prompt seed + row index
+    assert sorted(sent) == sorted((tuple(ids[i]), request_seed(s, j))
+                                  for i, s in enumerate((100, 200, 300)) for j in range(4))
+    assert len({p.seed for p in params}) == 12 and all(0 <= p.seed < 2**63 for p in params)
     assert [len(q[0]) for q in sent] == sorted(len(q[0]) for q in sent)   # sorted by length
     assert all(p.max_tokens == 9 and p.temperature == 0.7 and not p.detokenize
                and tok.eos_token_id in p.stop_token_ids for p in params)

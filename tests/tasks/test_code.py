@@ -97,8 +97,8 @@ def test_a_training_run_on_the_code_task_verifies_in_the_sandbox(tiny_model_dir,
     statuses = []
     original = code.run_tests
 
-    def spy(program, tests, limits):
-        result = original(program, tests, limits)
+    def spy(program, tests, limits, **kwargs):
+        result = original(program, tests, limits, **kwargs)
         statuses.append(result.status)
         return result
 

@@ -1,136 +1,262 @@
-"""The code verifier's sandbox: hostile completions score 0 and leave nothing behind."""
+"""The code verifier's sandbox: verdicts, both verdict modes, the wire, isolation and its refusal.
+
+The attacks themselves are in test_hostile_completions.py.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from dpgrpo.errors import ConfigError
+from dpgrpo.tasks import _sandbox_wire as wire
+from dpgrpo.tasks import isolation as iso
 from dpgrpo.tasks import sandbox
 from dpgrpo.tasks.sandbox import SandboxLimits, namespaces_available, run_tests
+from dpgrpo.tasks.testplan import Call, call_plan, remote_names
 
-REPO_FILE = Path(__file__).resolve()
 TESTS = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(5) == 10\n\ncheck(f)\n"
+LOOPED = "def check(candidate):\n    for x in (2, 5):\n        assert candidate(x) == 2 * x\n\ncheck(f)\n"
 GOOD = "def f(x):\n    return 2 * x\n"
-FAST = SandboxLimits(timeout_s=1.5)
-SPACES = [True, False] if namespaces_available() else [False]
+MODES = pytest.mark.parametrize("tests", [TESTS, LOOPED], ids=["call-plan", "tests-process"])
+isolated = pytest.mark.skipif(not namespaces_available(),
+                              reason="no OS isolation here: the code tasks refuse to run")
 
 
-def _session_members(sid: int) -> list[int]:
-    """Live processes whose session id is ``sid`` (the child leads its own session)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[3]) == sid:
-                members.append(int(entry.name))
-    return members
+def _deep(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
-@pytest.fixture
-def spawned(monkeypatch):
-    """The pids of the sandbox processes a test starts."""
-    pids: list[int] = []
-    original = subprocess.Popen
+def test_the_wire_round_trips_exact_builtin_data_and_refuses_the_rest():
+    values = [None, True, 0, -7, 10**5000, 1.5, float("inf"), -0.0, "é\n\ud800", b"\x00\xff",
+              1 + 2j, [1, [2]], (1, (2,)), {1, 2}, frozenset({3}), {"a": 1, (1, 2): [3]}, ()]
+    for value in values:
+        back = wire.loads(wire.dumps(value))
+        assert back == value and type(back) is type(value)
+    assert str(wire.loads(wire.dumps(-0.0))) == "-0.0"
 
-    def spy(*args, **kwargs):
-        proc = original(*args, **kwargs)
-        pids.append(proc.pid)
-        return proc
+    class Sneaky(int):
+        def __eq__(self, other):
+            return True
 
-    monkeypatch.setattr(sandbox.subprocess, "Popen", spy)
-    return pids
+        __hash__ = int.__hash__
+
+    for bad in (Sneaky(1), [Sneaky(1)], {Sneaky(1): 1}, object(), len, type, _deep(200)):
+        with pytest.raises(TypeError):
+            wire.encode(bad)
+    for bad in ('{"t": "eq", "v": []}', '{"t": "tuple"}', '{"x": 1}', '{"t": "i", "v": 3}',
+                "[" * 10000):
+        with pytest.raises((ValueError, RecursionError)):
+            wire.loads(bad)
 
 
-@pytest.mark.parametrize("namespaces", SPACES)
-def test_correct_code_passes_and_wrong_code_fails(namespaces):
-    limits = SandboxLimits(namespaces=namespaces)
-    ok = run_tests(GOOD, TESTS, limits)
+def test_literal_checks_become_a_call_plan_and_other_tests_do_not():
+    plan = call_plan('METADATA = {"a": 1}\n' + TESTS.replace("(5)", "(5, y=[1, -2])"))
+    assert plan == [Call("f", (2,), {}, 4), Call("f", (5,), {"y": [1, -2]}, 10)]
+    assert call_plan("def check(c):\n    assert c(1) == 2, 'msg'\n    assert True\n\ncheck(g)\n") \
+        == [Call("g", (1,), {}, 2)]
+    for other in (LOOPED, "def check(c):\n    assert abs(c(1) - 2) < 1e-6\n\ncheck(f)\n",
+                  "import math\n" + TESTS, "def check(c):\n    assert c(x) == 2\n\ncheck(f)\n",
+                  "def check(c):\n    assert c(1) != 2\n\ncheck(f)\n", "check(f)\n", "", "def ("):
+        assert call_plan(other) is None
+
+
+def test_the_tests_process_keeps_the_question_helpers_and_reaches_the_rest():
+    question = ("import math\ndef helper(x):\n    return x + 1\n\n"
+                "def f(x):\n    \"\"\"Stub.\"\"\"\n")
+    program = (question + "\ndef f(x):\n    return helper(x)\nimport os as extra\nK = 3\n"
+               "def abs(x):\n    return 0\n")
+    assert remote_names(program, question) == ["f"]  # only the stub the completion writes
+    assert remote_names(GOOD + "def abs(x):\n    return 0\nK = 1\n", "") == ["K", "f"]
+
+
+@isolated
+@MODES
+def test_correct_code_passes_and_wrong_code_fails(tests):
+    ok = run_tests(GOOD, tests)
     assert ok.passed and ok.status == "passed" and ok.returncode == 0 and ok.seconds < 5
-    wrong = run_tests("def f(x):\n    return x + 2\n", TESTS, limits)  # right for 2 only
+    wrong = run_tests("def f(x):\n    return x + 2\n", tests)  # right for 2 only
     assert not wrong.passed and wrong.status == "failed" and "AssertionError" in wrong.output
-    assert run_tests("def f(x):\n    return (\n", TESTS, limits).status == "syntax-error"
+    syntax = run_tests("def f(x):\n    return (\n", tests)
+    assert syntax.status == "syntax-error" and syntax.returncode is None  # no process started
     # the standard library imports and works; files may be written inside the sandbox
-    lib = ("from typing import List\nimport collections, re, math, tempfile\n"
+    lib = ("from typing import List\nimport collections, re, math, tempfile, hashlib, json\n"
            "P = collections.namedtuple('P', 'a b')\nopen('scratch.txt', 'w').write('x')\n"
-           "tempfile.mkdtemp()\n" + GOOD)
-    assert run_tests(lib, TESTS, limits).passed
+           "tempfile.mkdtemp()\nhashlib.md5(b'x').hexdigest()\n" + GOOD)
+    assert run_tests(lib, tests).passed
 
 
-HOSTILE = {  # name: (program, expected status)
-    "infinite loop": ("def f(x):\n    while True:\n        pass\n", "timeout"),
-    "sleep": ("import time\ndef f(x):\n    time.sleep(60)\n", "timeout"),
-    "os.system": ("import os\nos.system('touch {marker}')\n" + GOOD, "forbidden"),
-    "subprocess": ("import subprocess\nsubprocess.run(['touch', '{marker}'])\n" + GOOD,
-                   "forbidden"),
-    "huge allocation": ("def f(x):\n    block = bytearray(10**11)\n    return 2 * x\n", "memory"),
-    "1 GB allocation": ("def f(x):\n    block = bytearray(10**9)\n    return 2 * x\n", "memory"),
-    "write outside": ("open('{marker}', 'w').write('x')\n" + GOOD, "forbidden"),
-    "write parent": ("open('../escaped', 'w').write('x')\n" + GOOD, "forbidden"),
-    "mkdir outside": ("import os\nos.mkdir('{marker}')\n" + GOOD, "forbidden"),
-    "fork bomb": ("import os\nwhile True:\n    os.fork()\n", "forbidden"),
-    "read /etc/passwd": ("data = open('/etc/passwd').read()\n" + GOOD, "forbidden"),
-    "read caught": ("try:\n    open('/etc/passwd').read()\nexcept Exception:\n    pass\n" + GOOD,
-                    "forbidden"),
-    "read the repo": (f"data = open({str(REPO_FILE)!r}).read()\n" + GOOD, "forbidden"),
-    "list the repo": (f"import os\nos.listdir({str(REPO_FILE.parent)!r})\n" + GOOD, "forbidden"),
-    "network socket": ("import socket\nsocket.create_connection(('127.0.0.1', 22))\n" + GOOD,
-                       "forbidden"),
-    "ctypes": ("import ctypes\n" + GOOD, "forbidden"),
-    "kill the parent": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + GOOD,
-                        "forbidden"),
-    "sys.exit(0)": ("import sys\nsys.exit(0)\n", "failed"),
-    "os._exit(0)": ("import os\nos._exit(0)\n", "failed"),
-    "equal to all": ("class A:\n    def __eq__(self, other):\n        return True\n"
-                     "def f(x):\n    return A()\n", "failed"),
-    "patched builtins": ("import builtins\nbuiltins.AssertionError = None\n"
-                         "builtins.len = lambda x: 0\ndef f(x):\n    return x\n", "failed"),
-    "forged pass event": ("import sys\nsys.audit('dpgrpo.passed')\n" + GOOD, "forbidden"),
-    "huge output": ("print('x' * 10**7)\n" + GOOD, "output-limit"),
-}
+@isolated
+def test_the_tests_process_sees_helpers_exceptions_and_tuples():
+    question = "def helper(x):\n    return x * 2\n\ndef f(x):\n    \"\"\"Double x.\"\"\"\n"
+    program = (question + "\ndef f(x):\n    if x < 0:\n        raise ValueError(x)\n"
+               "    return (helper(x), [x])\n")
+    tests = ("def check(candidate):\n    assert candidate(3) == (helper(3), [3])\n"
+             "    try:\n        candidate(-1)\n    except ValueError:\n        pass\n"
+             "    else:\n        assert False\n\ncheck(f)\n")
+    assert run_tests(program, tests, question=question).passed
+    cheat = question + "\ndef helper(x):\n    return 0\ndef f(x):\n    return (0, [x])\n"
+    assert not run_tests(cheat, tests, question=question).passed  # the helper stays trusted
+    tolerant = "def check(candidate):\n    assert abs(candidate(3) - 6.5) < 1e-9\n\ncheck(f)\n"
+    assert run_tests(question + "\ndef f(x):\n    return x * 2 + 0.5\n", tolerant,
+                     question=question).passed
+    shadow = question + "\ndef abs(x):\n    return 0\ndef f(x):\n    return 0\n"
+    assert not run_tests(shadow, tolerant, question=question).passed  # builtins stay trusted
 
 
-@pytest.mark.parametrize("name", list(HOSTILE))
-def test_hostile_completions_score_zero_and_leave_nothing(name, tmp_path, spawned):
-    marker = tmp_path / "pwned"
-    program, status = HOSTILE[name]
-    result = run_tests(program.replace("{marker}", str(marker)), TESTS, FAST)
-    assert not result.passed and result.status == status, (result.status, result.output)
-    assert not marker.exists() and not (tmp_path.parent / "escaped").exists()
-    assert result.seconds < FAST.timeout_s + 3
-    assert spawned and all(_session_members(pid) == [] for pid in spawned)  # all killed
+@isolated
+@MODES
+def test_limits_end_in_their_statuses(tests):
+    fast = SandboxLimits(timeout_s=1.0)
+    cases = {"def f(x):\n    while True:\n        pass\n": "timeout",
+             "def f(x):\n    block = bytearray(10**9)\n    return 2 * x\n": "memory",
+             "print('x' * 10**7)\n" + GOOD: "output-limit",
+             "import os\nos.system('true')\n" + GOOD: "forbidden"}
+    for program, status in cases.items():
+        result = run_tests(program, tests, fast)
+        assert not result.passed and result.status == status, (status, result)
+        assert result.seconds < fast.timeout_s + 5
 
 
-@pytest.mark.parametrize("namespaces", SPACES)
-def test_network_processes_and_timeouts_in_both_isolation_modes(namespaces, spawned):
-    limits = SandboxLimits(timeout_s=1.0, namespaces=namespaces)
-    for program, status in (HOSTILE["network socket"], HOSTILE["fork bomb"],
-                            HOSTILE["infinite loop"]):
-        result = run_tests(program, TESTS, limits)
-        assert result.status == status and not result.passed
-    assert all(_session_members(pid) == [] for pid in spawned)
-
-
+@isolated
 def test_the_temporary_directory_is_removed_and_failures_never_raise(monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     chmod = "import os\nos.mkdir('locked')\nopen('locked/f', 'w').close()\nos.chmod('locked', 0)\n"
-    assert run_tests(chmod + GOOD, TESTS).passed
+    assert run_tests(chmod + GOOD, TESTS).passed and run_tests(chmod + GOOD, LOOPED).passed
     assert os.listdir(tmp_path) == []
-    monkeypatch.setattr(sandbox.sys, "executable", str(tmp_path / "no-such-python"))
-    broken = run_tests(GOOD, TESTS, SandboxLimits(namespaces=False))
-    assert broken.status == "error" and not broken.passed and os.listdir(tmp_path) == []
+    lay = iso.layout()
+    monkeypatch.setattr(sandbox, "layout", lambda: iso.Layout(
+        str(tmp_path / "no-such-python"), lay.files, lay.stdlib, lay.hidden))
+    for tests in (TESTS, LOOPED):
+        broken = run_tests(GOOD, tests)
+        assert not broken.passed and broken.status != "passed"
+    assert os.listdir(tmp_path) == []
 
 
+def test_without_isolation_the_code_tasks_refuse(monkeypatch):
+    monkeypatch.setattr(iso, "_chosen", lambda: (None, "bwrap: not installed; unshare: "
+                                                       "Operation not permitted"))
+    with pytest.raises(ConfigError, match="code tasks need OS-level isolation.*bwrap: not "
+                                          "installed.*apt-get install bubblewrap"):
+        run_tests(GOOD, TESTS)
+    from dpgrpo.tasks import get_task
+    from dpgrpo.tasks.base import Problem
+
+    with pytest.raises(iso.IsolationUnavailable):
+        get_task("code").verify("```python\ndef f(x):\n    return 2 * x\n```",
+                                Problem("p", "def f(x):\n    pass\n", TESTS))
+    assert sandbox.isolation()["launcher"].startswith("none works here")
+
+
+@isolated
 def test_isolation_names_the_mechanisms():
-    info = sandbox.isolation(SandboxLimits(namespaces=False))
-    assert info["network"].startswith("audit hook") and "-I -S" in info["interpreter"]
-    if namespaces_available():
-        assert "unshare --net" in sandbox.isolation()["network"]
+    info = sandbox.isolation()
+    assert info["launcher"].split(":")[0] in ("bwrap", "unshare")
+    assert "-I -S" in info["interpreter"] and "PID" in info["launcher"]
+    assert "outside" in info["verdict"]
     with pytest.raises(ValueError):
         SandboxLimits(timeout_s=0)
+
+
+@pytest.mark.parametrize("name", ["bwrap", "unshare"])
+def test_each_launcher_builds_the_same_sandbox(name, monkeypatch):
+    """Both launchers, where they work: a read-only root with only the interpreter, its
+    libraries and its stdlib; pid 2 of a fresh PID namespace; the tmpfs work directory."""
+    path = shutil.which(name, path=os.defpath + ":/usr/sbin:/sbin")
+    if path is None:
+        pytest.skip(f"{name} is not installed here")
+    found = iso.Launcher(name, path)
+    problem = iso._probe(found)
+    if problem is not None:
+        pytest.skip(f"{name} cannot create the namespaces here: {problem}")
+    monkeypatch.setattr(sandbox, "require_isolation", lambda: found)
+    hidden = (iso.layout().hidden or [iso.layout().stdlib + "/site-packages"])[0]
+    probe = ("import os, sys, sqlite3\n"
+             "def f(x):\n    out = [os.getpid(), os.getcwd()]\n"
+             f"    for path in ('/etc', '/home', '/work', '/tmp', '/proc', '/usr/bin', {hidden!r} + '/torch'):\n"
+             "        try:\n            os.stat(path)\n            out.append(path)\n"
+             "        except OSError:\n            pass\n"
+             "    for path in ('/x.db', sys.prefix + '/lib/x.db', 'ok.db'):\n"
+             "        try:\n            sqlite3.connect(path).execute('create table t (x)')\n"
+             "            out.append('wrote ' + path)\n"
+             "        except sqlite3.Error:\n            out.append('refused ' + path)\n"
+             "    return out\n")
+    tests = "def check(candidate):\n    assert candidate(0) == 0\n\ncheck(f)\n"
+    result = run_tests(probe, tests)
+    seen = eval(result.output.split("returned ", 1)[1])  # noqa: S307 - our own repr of a list
+    prefix = os.path.dirname(os.path.dirname(iso.layout().stdlib))
+    assert 1 < seen[0] < 100, seen  # a fresh PID namespace; pid 1 is the reaper
+    if name == "unshare":  # the empty mount point umount needed; nothing is mounted there
+        seen.remove("/proc")
+    assert seen[1:] == [iso.WORKDIR, "refused /x.db", f"refused {prefix}/lib/x.db", "wrote ok.db"]
+
+
+@isolated
+def test_with_seccomp_the_kernel_refuses_threads_and_processes():
+    """Threads raise no audit event in CPython 3.11 and a renamed ``_posixsubprocess`` slips
+    past the hook's module list: the seccomp filter refuses both (clone: EPERM)."""
+    found = iso.launcher()
+    if found.seccomp is None:
+        pytest.skip(f"no seccomp filter here: {iso.seccomp_filter()[1]}")
+    program = (
+        "import threading, importlib.util, glob, os, sys\n"
+        "def f(x):\n    out = []\n"
+        "    try:\n        threading.Thread(target=print).start()\n        out.append('thread')\n"
+        "    except RuntimeError:\n        out.append('no thread')\n"
+        "    path = glob.glob(os.path.dirname(os.__file__) + '/lib-dynload/_posixsubprocess*.so')[0]\n"
+        "    spec = importlib.util.spec_from_file_location('ok._posixsubprocess', path)\n"
+        "    ps = importlib.util.module_from_spec(spec)\n    spec.loader.exec_module(ps)\n"
+        "    r, w = os.pipe()\n"
+        "    try:\n        ps.fork_exec([sys.executable], [os.fsencode(sys.executable)], True, (),"
+        " None, None, -1, -1, -1, -1, -1, -1, r, w, True, True, -1, None, None, None, -1, None,"
+        " False)\n        out.append('process')\n"
+        "    except OSError as err:\n        out.append(err.errno)\n    return out\n")
+    result = run_tests(program, "def check(candidate):\n    assert candidate(0) == 0\n\ncheck(f)\n")
+    assert "returned ['no thread', 1]" in result.output, result.output
+
+
+class _ShellLauncher:
+    """A stand-in launcher whose first child outlives it, as bubblewrap's pid 1 can for a
+    moment after the launcher has reported the command's exit status."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+
+    def popen(self, layout, argv, pass_fds=(), **kwargs):
+        return subprocess.Popen(["/bin/sh", "-c", self.script], pass_fds=pass_fds, **kwargs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in (Path("/proc") / str(pid) / "status").read_text()
+    except OSError:
+        return False
+
+
+def _jail(script: str, tmp_path):
+    jail = sandbox._Jail(_ShellLauncher(script), "_sandbox_child.py", {}, tmp_path / "out", ())
+    assert jail.pid1 is not None
+    return jail, sandbox._children(jail.proc.pid)[0]
+
+
+def test_a_normal_end_waits_for_the_namespace_pid_1(tmp_path):
+    """The launcher exits at once; its child (the namespace's pid 1) lives 0.6 s more: the
+    jail's wait returns only once that child has ended."""
+    jail, pid1 = _jail("sleep 0.6 & exec sleep 0.05", tmp_path)
+    assert jail.wait(5)
+    assert not _alive(pid1)
+
+
+def test_a_kill_ends_the_namespace_pid_1_before_returning(tmp_path):
+    jail, pid1 = _jail("sleep 30 & wait", tmp_path)
+    assert _alive(pid1)
+    jail.kill()
+    assert not _alive(pid1) and jail.proc.returncode is not None

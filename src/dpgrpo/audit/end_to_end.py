@@ -51,6 +51,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
     from dpgrpo.grads import per_prompt_grads, trainable_parameters
     from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
     from dpgrpo.privacy.contributors import round_prompts, sum_within_records
+    from dpgrpo.privacy.record_coins import PromptCoins
     from dpgrpo.quiet import quiet_model_loading
     from dpgrpo.run_setup import build_run
     from dpgrpo.trainer import _apply, _grad_method
@@ -83,12 +84,16 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
     rounds = np.empty((steps, canaries))
     for t in range(steps):
         sampled = run.sampler.sample()
-        records = [run.slots[i] for i in sampled if run.slots[i] is not None]
-        plan = round_prompts(records, run.chooser)
-        batch, _ = arm.batch(plan.prompts, run.rollout_generator())
+        mine = [int(i) for i in sampled if run.slots[i] is not None]
+        records = [run.slots[i] for i in mine]
+        key = run.coins.round_key(t)                    # the trainer's per-record streams
+        plan = round_prompts(records, run.chooser, [key.reader(s, 0, "choose") for s in mine])
+        coins = PromptCoins.for_records(key, mine, plan.bounds)
+        batch, _ = arm.batch(plan.prompts, coins=coins)
         grads = sum_within_records(per_prompt_grads(
             run.model, arm.objective, batch.to(run.device), method=_grad_method(config),
-            rows_per_pass=config.train.rows_per_pass(arm.cap)), plan)
+            rows_per_pass=config.train.rows_per_pass(arm.cap),
+            dropout_seeds=coins.seeds("dropout")), plan)
         present = [slot_of[int(s)] for s in sampled if int(s) in slot_of]
         present = [i for i in present if included[i]]
         extra = _named_rows(rows_k[torch.tensor(present, dtype=torch.long)], params)

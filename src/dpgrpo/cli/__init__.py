@@ -44,9 +44,10 @@ def _root(version: Optional[bool] = typer.Option(
 
 def _register_all() -> None:
     from dpgrpo.cli import (audit, compare, data, evaluate, privacy, protocol, push, study,
-                            train, verify)
+                            train, tune, verify)
 
-    for module in (privacy, verify, train, data, evaluate, compare, protocol, study, audit, push):
+    for module in (privacy, verify, train, data, evaluate, compare, protocol, study, tune, audit,
+                   push):
         module.register(app)
 
 

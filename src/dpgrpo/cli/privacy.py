@@ -63,6 +63,49 @@ def calibrate_cmd(
            "epsilon_below": cal.epsilon_below}, as_json, "sigma calibration (PLD)")
 
 
+@privacy_app.command("plan")
+def plan_cmd(
+    n: int = typer.Option(..., "--n", help="Number of public slots n."),
+    epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
+    budget: int = typer.Option(..., "--budget", help="Compute budget in completions (m x G x T)."),
+    params: int = typer.Option(..., "--params", help="Trainable coordinates p of the adapter "
+                               "(a run's certificate states it as trainable_coordinates)."),
+    delta: Optional[float] = typer.Option(None, "--delta", help="delta (default 1/(10 n))."),
+    batches: str = typer.Option(",".join(map(str, (4, 8, 12, 16, 24, 32, 64, 128))), "--m",
+                                help="Candidate expected batches m, comma-separated."),
+    groups: str = typer.Option("4,6,8", "--G", help="Candidate group sizes G, comma-separated."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Candidate (m, G, T) for a compute budget: sigma, noise-to-signal sigma sqrt(p)/m and
+    the compute of each, from public inputs only (no data is read)."""
+    from dpgrpo.errors import ConfigError
+    from dpgrpo.privacy.planning import plan, plan_report
+
+    try:
+        ms = [float(x) for x in batches.split(",") if x.strip()]
+        gs = [int(x) for x in groups.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--m and --G take comma-separated numbers, got {batches!r}, {groups!r}") from None
+    rows = plan(n, epsilon, budget, params, delta=delta, batches=ms, groups=gs)
+    report = plan_report(n, epsilon, budget, params, delta, rows)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"plan: n {n:,}, epsilon {epsilon:g}, delta {report['delta']:.3g}, "
+                        f"p {params:,}, budget {budget:,} completions")
+    for column in ("m", "G", "T", "completions", "sigma", "sigma sqrt(p)/m"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(f"{r.m:g}", str(r.G), str(r.T), f"{r.completions:,}", f"{r.sigma:.4f}",
+                      f"{r.noise_to_signal:.2f}")
+    Console().print(table)
+    typer.echo("sigma: planning value (slightly above the exact calibration a run performs); "
+               "no data was read.")
+
+
 @privacy_app.command("epsilon")
 def epsilon_cmd(
     n: int = typer.Option(..., "--n", help="Number of public slots n."),

@@ -97,7 +97,7 @@ def _interrupted(run_dir: Path) -> NoReturn:
     from dpgrpo.rundir import RunDir
 
     journal = RunDir(run_dir).journal
-    if journal.exists() and journal.stat().st_size > 0:
+    if RunDir(run_dir).has_charges():
         typer.secho(f"interrupted: every round started so far is charged to the privacy ledger "
                     f"({journal}); continue with: dpgrpo train --resume {run_dir}",
                     err=True, fg="yellow")

@@ -40,12 +40,15 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
 
 def compute_advantages(rewards: torch.Tensor, mode: str = "group", *,
                        generator: torch.Generator | None = None,
+                       coins: torch.Tensor | None = None,
                        eps: float = 1e-4) -> torch.Tensor:
     """Advantages for the training arms, (B, G) -> (B, G), each row from its own rewards.
 
     ``group``: Eq. (2). ``zero``: all zeros (the zero-advantage control, Section V; the KL term
-    stays). ``shuffled``: rewards permuted within each group (coins from ``generator``, or OS
-    entropy) before Eq. (2). ``positive``: A = r, unnormalized.
+    stays). ``shuffled``: rewards permuted within each group before Eq. (2), by the order of
+    ``coins`` ((B, G) uniforms, row i prompt i's own: the trainer binds them to the prompt's
+    round and slot), else of draws from ``generator``, else from OS entropy. ``positive``:
+    A = r, unnormalized.
     """
     if mode not in ADVANTAGE_MODES:
         raise ConfigError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
@@ -56,9 +59,15 @@ def compute_advantages(rewards: torch.Tensor, mode: str = "group", *,
         return torch.zeros_like(rewards)
     if mode == "positive":
         return rewards.clone()
-    if generator is None:
-        generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-    keys = torch.rand(rewards.shape, generator=generator)                   # (B, G)
+    if coins is not None:
+        if tuple(coins.shape) != tuple(rewards.shape):
+            raise ConfigError(f"shuffle coins {tuple(coins.shape)} for rewards "
+                              f"{tuple(rewards.shape)}")
+        keys = coins
+    else:
+        if generator is None:
+            generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
+        keys = torch.rand(rewards.shape, generator=generator)               # (B, G)
     perm = keys.argsort(dim=1).to(rewards.device)                            # within each row
     return group_advantages(rewards.gather(1, perm), eps)
 

@@ -130,11 +130,20 @@ class ProblemChooser:
     def releasable(self) -> bool:
         return self.secure
 
-    def choose(self, m: int) -> list[int]:
-        """Sorted indices of the problems used, out of ``m``."""
+    def choose(self, m: int, entropy: Callable[[int], bytes] | None = None) -> list[int]:
+        """Sorted indices of the problems used, out of ``m``.
+
+        ``entropy``: the record's own key source (the trainer passes the contributor's
+        (round, slot) stream, so its choice cannot depend on the batch-mates drawn before it);
+        default the chooser's own (OS entropy, or the seed's stream)."""
         if m <= self.k:
             return list(range(m))
-        raw = self._rng.bytes(KEY_BYTES * m) if self._rng is not None else self._entropy(KEY_BYTES * m)
+        if entropy is not None:
+            raw = entropy(KEY_BYTES * m)
+        elif self._rng is not None:
+            raw = self._rng.bytes(KEY_BYTES * m)
+        else:
+            raw = self._entropy(KEY_BYTES * m)
         if len(raw) != KEY_BYTES * m:
             raise PrivacyError(f"the entropy source returned {len(raw)} bytes, not {KEY_BYTES * m}")
         keys = [raw[KEY_BYTES * i:KEY_BYTES * (i + 1)] for i in range(m)]
@@ -166,15 +175,20 @@ class RoundPrompts:
         return len(self.prompts) == self.num_records
 
 
-def round_prompts(records: Sequence[Any], chooser: ProblemChooser | None) -> RoundPrompts:
+def round_prompts(records: Sequence[Any], chooser: ProblemChooser | None,
+                  sources: Sequence[Callable[[int], bytes]] | None = None) -> RoundPrompts:
     """Prompt-level (``chooser`` None): each record is one (task, problem). Contributor-level:
-    each :class:`Contributor` brings the problems ``chooser`` picks, at most k."""
+    each :class:`Contributor` brings the problems ``chooser`` picks, at most k, from record
+    r's own key source ``sources[r]`` when given (the trainer's: bound to its round and slot)."""
     if chooser is None:
         return RoundPrompts(list(records), tuple(range(len(records) + 1)))
+    if sources is not None and len(sources) != len(records):
+        raise PrivacyError(f"{len(sources)} key sources for {len(records)} records")
     prompts: list[tuple[Any, Any]] = []
     bounds = [0]
-    for record in records:
-        prompts += [record.problems[i] for i in chooser.choose(len(record.problems))]
+    for r, record in enumerate(records):
+        own = None if sources is None else sources[r]
+        prompts += [record.problems[i] for i in chooser.choose(len(record.problems), own)]
         bounds.append(len(prompts))
     return RoundPrompts(prompts, tuple(bounds))
 

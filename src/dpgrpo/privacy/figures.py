@@ -2,8 +2,12 @@
 
 The certificate's epsilon protects one prompt added or removed (Definition 3). The same ledger
 also protects one prompt swapped for another (replace-one) and a person who contributes k
-prompts (a group of k added or removed together). Each :class:`NeighbourFigure` is stated at the
-run's delta and names its method. Under contributor-level DP (``data.privacy_unit =
+prompts (a group of k added or removed together). Each :class:`NeighbourFigure` is accounted at
+the run's delta_pld and names its method; in the certificate its ``delta`` also carries the
+noise generator's tail term at that figure's epsilon, ``(1 + e^eps) * eta``, exactly as the
+headline delta does (:func:`dpgrpo.privacy.noise.noise_tail_delta`): the coupling between the
+truncated generator and exact Gaussian noise holds for any pair of neighbours, so it adds to
+every relation's delta (issue 32, defect 6). Under contributor-level DP (``data.privacy_unit =
 "contributor"``) the record is a contributor, so read "prompt" below as "contributor": the
 group figures then count contributors, and the certificate's ``unit`` says which applies.
 
@@ -18,8 +22,8 @@ group figures then count contributors, and the certificate's ``unit`` says which
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -51,6 +55,15 @@ class NeighbourFigure:
     group: int
     method: str
     basis: str
+    delta_pld: float | None = None   # what the accountant was asked for (None: delta itself)
+    noise_tail_delta: float = 0.0    # the generator's tail term included in delta
+
+    def with_tail(self, tail: float) -> "NeighbourFigure":
+        """This figure with the noise-tail term ``tail`` added to its delta."""
+        if not tail >= 0.0:
+            raise PrivacyBudgetError(f"the noise-tail term must be >= 0, got {tail}")
+        return replace(self, delta=self.delta + tail, delta_pld=self.delta,
+                       noise_tail_delta=tail)
 
     @property
     def meaningful(self) -> bool:
@@ -130,11 +143,17 @@ def converted_figure(epsilon: float, delta: float, relation: str = ADD_OR_REMOVE
 
 
 def neighbour_figures(events: Sequence[RoundEvent], delta: float,
-                      group_sizes: Sequence[int] = (2, 3)) -> dict[str, Any]:
-    """The certificate's extra figures at the run's delta: replace-one, then each group size."""
-    return {"replace_one": neighbour_figure(events, delta, REPLACE).to_dict(),
-            "group_privacy": [neighbour_figure(events, delta, ADD_OR_REMOVE, k).to_dict()
-                              for k in group_sizes]}
+                      group_sizes: Sequence[int] = (2, 3), *,
+                      tail: Callable[[float], float] | None = None) -> dict[str, Any]:
+    """The certificate's extra figures: replace-one, then each group size, accounted at
+    ``delta`` (the run's delta_pld); ``tail(epsilon)`` is the noise generator's tail term at a
+    figure's epsilon, added to that figure's delta as to the headline delta (None: no term)."""
+    figures = [neighbour_figure(events, delta, REPLACE),
+               *(neighbour_figure(events, delta, ADD_OR_REMOVE, k) for k in group_sizes)]
+    if tail is not None:
+        figures = [f.with_tail(tail(f.epsilon)) for f in figures]
+    return {"replace_one": figures[0].to_dict(),
+            "group_privacy": [f.to_dict() for f in figures[1:]]}
 
 
 __all__ = ["METHOD_ACCOUNTANT", "METHOD_GENERIC", "NeighbourFigure", "RELATIONS",

@@ -1,7 +1,11 @@
 """The privacy journal: a durable, append-only record of every charged round (invariant 5).
 
-The trainer charges a round *before* the round touches data: one line is appended to
-``recovery/journal.jsonl`` and fsynced. Each line is a JSON object
+The trainer charges a round *before* the round touches data: one line is appended and
+fsynced to each of two independent files, ``recovery/journal.jsonl`` and its twin
+``recovery/journal-twin.jsonl``. Rounds after the newest checkpoint are proven by nothing
+else, so one file would be a single point of failure: with two, the loss or damage of any one
+file (alone, or with ``ledger.json`` and the certificate) loses no charged round, because
+:meth:`PrivacyJournal.open` takes the larger count (issue 32). Each line is a JSON object
 
     {"seq": 7, "kind": "charge", "round": 6, "count": 1, "total": 7,
      "sampling_rate": q, "noise_multiplier": sigma, "sha256": "..."}
@@ -131,13 +135,8 @@ def _check_parameters(record: dict[str, Any], path: Path, number: int, q: float,
             "the run's privacy records contradict each other, so it cannot be resumed")
 
 
-class PrivacyJournal:
-    """The journal of one run, with that run's public (q, sigma).
-
-    :meth:`open` scans the file and, if its last line was torn, repairs it (a newline and a
-    ``torn`` note are appended; the torn line stays and is charged). Then :meth:`charge` and
-    :meth:`record_recovered` append fsynced lines; :attr:`rounds` is the count so far.
-    """
+class _JournalFile:
+    """One journal file: its scan, its own line numbers and the rounds it charges."""
 
     def __init__(self, path: Path, sampling_rate: float, noise_multiplier: float) -> None:
         self.path = Path(path)
@@ -147,39 +146,15 @@ class PrivacyJournal:
         self.found = JournalScan()
 
     def open(self) -> JournalScan:
-        """Scan the file, repair a torn last line, and make the journal ready to append."""
         self.found = scan(self.path, self.sampling_rate, self.noise_multiplier)
         self.rounds, self._seq = self.found.rounds, max(self.found.lines, self.found.last_seq)
         if self.found.torn_tail:
             self._append(b"\n")  # the torn line ends here; later lines cannot glue onto it
-            self._write("torn", round_index=-1, count=0,
-                        note=f"line {self.found.lines} was torn by a crash; charged as one round")
+            self.write("torn", round_index=-1, count=0,
+                       note=f"line {self.found.lines} was torn by a crash; charged as one round")
         return self.found
 
-    def charge(self, round_index: int, sampling_rate: float | None = None,
-               noise_multiplier: float | None = None) -> None:
-        """Charge one round before it touches data (appended and fsynced)."""
-        for given, own in ((sampling_rate, self.sampling_rate),
-                           (noise_multiplier, self.noise_multiplier)):
-            if given is not None and given != own:
-                raise LedgerError(f"round {round_index} charged at {given}, the run's value is "
-                                  f"{own}: one run has one (q, sigma)")
-        self._write("charge", round_index=round_index, count=1)
-
-    def record_recovered(self, count: int, round_index: int, note: str) -> None:
-        """Charge ``count`` rounds that other records prove were charged (lost journal lines)."""
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
-        self._write("recovered", round_index=round_index, count=count, note=note)
-
-    def ledger(self) -> PrivacyLedger:
-        """The rounds charged so far as a ledger of the run's (q, sigma)."""
-        ledger = PrivacyLedger()
-        if self.rounds:
-            ledger.record(self.sampling_rate, self.noise_multiplier, self.rounds)
-        return ledger
-
-    def _write(self, kind: str, *, round_index: int, count: int, note: str | None = None) -> None:
+    def write(self, kind: str, *, round_index: int, count: int, note: str | None = None) -> None:
         record: dict[str, Any] = {
             "seq": self._seq + 1, "kind": kind, "round": round_index, "count": count,
             "total": self.rounds + count, "sampling_rate": self.sampling_rate,
@@ -209,6 +184,85 @@ class PrivacyJournal:
                 raise DiskFullError(f"disk full: could not append to the privacy journal "
                                     f"{self.path}; free space, then resume the run") from None
             raise
+
+
+class PrivacyJournal:
+    """The journal of one run, with that run's public (q, sigma), kept in two files.
+
+    ``path`` and ``twin`` are independent files (two inodes) holding the same charges; every
+    line is appended and fsynced to both before :meth:`charge` returns, so a round that
+    touches data is durable twice, and cutting, deleting, garbling or rolling back either
+    file (alone, or with the ledger and the certificate) cannot lose it. :meth:`open` scans
+    both, repairs a torn last line in each (a newline and a ``torn`` note are appended; the
+    torn line stays and is charged), takes the maximum, and brings the file that charges
+    fewer rounds up to it with one ``recovered`` line naming the other (:attr:`notes`). Then
+    :meth:`charge` and :meth:`record_recovered` append to both; :attr:`rounds` is the count.
+    ``twin=None`` keeps a single file (unit tests of the line format only).
+    """
+
+    def __init__(self, path: Path, sampling_rate: float, noise_multiplier: float,
+                 twin: Path | None = None) -> None:
+        self.path = Path(path)
+        self.twin = None if twin is None else Path(twin)
+        self.sampling_rate, self.noise_multiplier = sampling_rate, noise_multiplier
+        self._files = [_JournalFile(p, sampling_rate, noise_multiplier)
+                       for p in (self.path, self.twin) if p is not None]
+        self.rounds = 0
+        self.notes: list[str] = []
+
+    @property
+    def found(self) -> JournalScan:
+        """The primary file's scan at :meth:`open`."""
+        return self._files[0].found
+
+    @property
+    def scans(self) -> dict[Path, JournalScan]:
+        """Each file's scan at :meth:`open` (damaged and repaired lines per file)."""
+        return {f.path: f.found for f in self._files}
+
+    def open(self) -> JournalScan:
+        """Scan both files, repair torn last lines, and bring both to the larger count."""
+        for file in self._files:
+            file.open()
+        self.rounds = max(f.rounds for f in self._files)
+        self.notes = []
+        for file in self._files:
+            missing = self.rounds - file.rounds
+            if missing > 0:
+                other = max(self._files, key=lambda f: f.rounds).path
+                note = (f"{missing} charged rounds are missing from {file.path.name} "
+                        f"({file.rounds} there, {self.rounds} in {other.name}); charged again")
+                file.write("recovered", round_index=-1, count=missing, note=note)
+                self.notes.append(f"{file.path}: {note}")
+        return self.found
+
+    def charge(self, round_index: int, sampling_rate: float | None = None,
+               noise_multiplier: float | None = None) -> None:
+        """Charge one round before it touches data (appended and fsynced to both files)."""
+        for given, own in ((sampling_rate, self.sampling_rate),
+                           (noise_multiplier, self.noise_multiplier)):
+            if given is not None and given != own:
+                raise LedgerError(f"round {round_index} charged at {given}, the run's value is "
+                                  f"{own}: one run has one (q, sigma)")
+        self._write("charge", round_index=round_index, count=1)
+
+    def record_recovered(self, count: int, round_index: int, note: str) -> None:
+        """Charge ``count`` rounds that other records prove were charged (lost journal lines)."""
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        self._write("recovered", round_index=round_index, count=count, note=note)
+
+    def ledger(self) -> PrivacyLedger:
+        """The rounds charged so far as a ledger of the run's (q, sigma)."""
+        ledger = PrivacyLedger()
+        if self.rounds:
+            ledger.record(self.sampling_rate, self.noise_multiplier, self.rounds)
+        return ledger
+
+    def _write(self, kind: str, *, round_index: int, count: int, note: str | None = None) -> None:
+        for file in self._files:  # each fsynced before the next: never both half-written
+            file.write(kind, round_index=round_index, count=count, note=note)
+        self.rounds += count
 
 
 __all__ = ["JournalScan", "PrivacyJournal", "decode_line", "encode_line", "scan"]

@@ -14,7 +14,8 @@ How a round's noise is made:
    uniform of 53 bits. (128-bit radii, as before, left a truncated-tail term that made every
    run above epsilon ~70 uncertifiable; see "Truncated tails".)
 4. **Sum of draws.** Every coordinate is ``(z_1 + z_2 + z_3 + z_4) / 2``, four independent
-   Box-Muller outputs: exactly N(0, 1) in distribution. This is Opacus' ``secure_mode`` defence
+   Box-Muller outputs from four different pairs (:func:`combine_draws`): exactly N(0, 1) in
+   distribution. This is Opacus' ``secure_mode`` defence
    against floating-point attacks (Holohan and Braghin, 2021): a single sampler reaches only a
    sparse, uneven set of doubles, and an observer of an exact noisy double could test which
    un-noised value makes it reachable (Mironov, CCS 2012). Summing fills those gaps. It costs
@@ -105,15 +106,34 @@ class _Stream:
         return np.frombuffer(self._cipher.update(bytes(8 * count)), dtype="<u8")
 
     def standard_normals(self, count: int) -> torch.Tensor:
-        """``count`` fp64 N(0, 1) values, each the scaled sum of SECURE_DRAWS Box-Muller draws."""
+        """``count`` fp64 N(0, 1) values, each the scaled sum of SECURE_DRAWS Box-Muller draws
+        from SECURE_DRAWS different pairs; the stream continues across chunks and calls."""
         out = torch.empty(count, dtype=torch.float64)
         for start in range(0, count, _CHUNK):
             c = min(_CHUNK, count - start)
             pairs = (c + 1) // 2
-            draws = box_muller(self.words(PAIR_WORDS * SECURE_DRAWS * pairs)
-                               .reshape(PAIR_WORDS, -1))
-            out[start:start + c] = draws.reshape(SECURE_DRAWS, 2 * pairs).sum(dim=0)[:c]
+            out[start:start + c] = combine_draws(
+                box_muller(self.words(PAIR_WORDS * SECURE_DRAWS * pairs).reshape(PAIR_WORDS, -1)),
+                c)
         return out.div_(math.sqrt(SECURE_DRAWS))
+
+
+def combine_draws(draws: torch.Tensor, count: int) -> torch.Tensor:
+    """``count`` unscaled sums of SECURE_DRAWS draws from :func:`box_muller`'s output (``2m``
+    values, the m cosines then the m sines, ``m = SECURE_DRAWS * ceil(count / 2)`` pairs).
+
+    With ``p = m / SECURE_DRAWS``, coordinate ``j < p`` sums the cosines of pairs ``j, p + j,
+    2p + j, 3p + j`` and coordinate ``p + j`` their sines: four draws from four *different*
+    pairs (four radii), so no coordinate rests on fewer than four independent radius uniforms
+    (summing the cosine and sine of one pair, as before, halved the floating-point defence).
+    The cosine and sine of one pair are independent N(0, 1), so the two coordinates sharing
+    four pairs are independent and each is exactly SECURE_DRAWS times N(0, 1) in variance.
+    """
+    m = draws.numel() // 2
+    if m % SECURE_DRAWS or 2 * (m // SECURE_DRAWS) < count:
+        raise PrivacyError(f"{m} Box-Muller pairs cannot make {count} sums of {SECURE_DRAWS}")
+    p = m // SECURE_DRAWS
+    return draws.reshape(2, SECURE_DRAWS, p).sum(dim=1).reshape(-1)[:count]
 
 
 def seeded_key(seed: int, round_index: int) -> bytes:

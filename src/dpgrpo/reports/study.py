@@ -10,6 +10,15 @@ from typing import Any, Mapping
 GB = 1e9
 
 
+def _trained_part(model: Mapping[str, Any]) -> str:
+    """", training B only (FFA-LoRA)" and the like: what model.lora_train kept trainable."""
+    train = model.get("lora_train", "all")
+    words = {"B": ", training lora_B only (FFA-LoRA: lora_A frozen at its initialization)",
+             "bias": ", training lora_B's bias only (one steering vector per module)"}
+    start = f", warm start {model['init_adapter']}" if model.get("init_adapter") else ""
+    return words.get(train, "") + (", with lora_bias" if model.get("lora_bias") and train != "bias" else "") + start
+
+
 def _pp(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.1f}"
 
@@ -72,6 +81,11 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         f"**{_pp(s['dp_vs_control_pp'])} pp** {_ci(s['dp_vs_control_ci'])}, MDE "
         f"{s['dp_vs_control_mde']:.1f} pp; DP-GRPO over the base {_pp(s['dp_gain_pp'])} pp"
         f"{_seed_spread(results['report'])}.",
+        *([f"- DP-GRPO keeps **{100 * s['retained_share']:.0f}%** of the non-private gain "
+           f"({_pp(s['dp_gain_pp'])} of {_pp(s['nonprivate_gain_pp'])} pp), with "
+           f"{s['trainable_params']:,} trainable coordinates and "
+           f"{s['completions_per_arm']:,.0f} completions per trained arm (expected: m G T)."]
+          if s.get("retained_share") is not None else []),
         f"- Noise-to-signal ratio sigma C sqrt(p) / (q n) / C = **{s['noise_to_signal']:.1f}** "
         f"(sigma {cert['sigma']:.4f}, p {cert['trainable_coordinates']:,} LoRA coordinates, "
         f"q n {cert['expected_batch']:g}; the paper's MATH point is about 8).",
@@ -100,7 +114,8 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         f"C = {cfg['privacy']['clip_norm']}; G = {cfg['train']['group_size']}, cap "
         f"{cfg['train']['max_new_tokens']}, learning rate {cfg['train']['learning_rate']}, "
         f"LoRA rank {cfg['model']['lora_rank']} on {', '.join(cfg['model']['target_modules'])}"
-        f" of layers {cfg['model']['lora_layers'] or 'all'}.", "",
+        f" of layers {cfg['model']['lora_layers'] or 'all'}"
+        f"{_trained_part(cfg['model'])}.", "",
         "## Contrasts (strict, paired bootstrap 95% CI, Holm-adjusted exact McNemar)", "",
         "| contrast | pp | 95% CI | MDE | Holm p |", "| --- | ---: | --- | ---: | ---: |",
     ]

@@ -73,16 +73,33 @@ def check_request(group_size: int, max_new_tokens: int, rows_per_call: int | Non
 
 def prompt_seeds(seeds: Sequence[int] | None, generator: torch.Generator | None,
                  num_prompts: int) -> list[int]:
-    """One seed per prompt: the given ones, else drawn from ``generator`` (OS entropy if None)."""
+    """One seed per prompt: the given ones, else drawn from ``generator``, else 256 fresh bits
+    of OS entropy per prompt (independent of the other prompts, so nothing depends on order).
+
+    Training never relies on the defaults: the trainer passes each prompt a 256-bit seed bound
+    to its (round, slot) (:class:`dpgrpo.privacy.record_coins.PromptCoins`)."""
     if seeds is None:
         if generator is None:
-            generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-        seeds = [int(torch.randint(0, 2**62, (1,), generator=generator))
-                 for _ in range(num_prompts)]
+            seeds = [int.from_bytes(os.urandom(32), "little") for _ in range(num_prompts)]
+        else:
+            seeds = [int(torch.randint(0, 2**62, (1,), generator=generator))
+                     for _ in range(num_prompts)]
     if len(seeds) != num_prompts:
         raise ConfigError(f"need one seed per prompt: {len(seeds)} seeds, "
                           f"{num_prompts} prompts")
     return [int(s) for s in seeds]
+
+
+def request_seed(seed: int, row: int) -> int:
+    """A 63-bit seed for row ``row`` of a prompt with (up to 256-bit) ``seed``, for samplers
+    that take an integer (vLLM's per-request seed, ``torch.manual_seed``): the ChaCha20
+    keystream under the prompt's seed with the row as nonce, so the rows of one prompt never
+    share a stream (``seed + row`` would let prompt seeds s and s + 1 overlap) and the prompt's
+    256-bit seed stays hidden behind the PRF."""
+    from dpgrpo.privacy.record_coins import keystream, seed_key
+
+    nonce = bytes(4) + int(row).to_bytes(12, "little")
+    return int.from_bytes(keystream(seed_key(seed), nonce, 8), "little") >> 1
 
 
 def plan_calls(lengths: Sequence[int], group_size: int, rows_per_call: int | None,
@@ -102,4 +119,5 @@ def plan_calls(lengths: Sequence[int], group_size: int, rows_per_call: int | Non
             for s in range(0, len(order), per_call)]
 
 
-__all__ = ["ENGINES", "RolloutEngine", "check_request", "plan_calls", "prompt_seeds"]
+__all__ = ["ENGINES", "RolloutEngine", "check_request", "plan_calls", "prompt_seeds",
+           "request_seed"]

@@ -7,7 +7,8 @@ the previous loop over ``transformers`` ``model.generate`` (one call per row bat
 per prompt), kept as the reference the benchmark (``bench/rollout.py``) and tests compare with.
 
 Randomness comes only from the per-prompt seeds, drawn from the ``torch.Generator`` passed in
-(seeded from OS entropy when it is ``None``): the global torch RNG is neither read nor advanced.
+(256 fresh bits of OS entropy per prompt when it is ``None``): the global torch RNG is neither
+read nor advanced.
 
 Assumption (A2), record isolation, on the rollout side: in exact arithmetic each prompt's
 completions depend only on that prompt, the current weights and the sampling coins, not on
@@ -27,7 +28,7 @@ import torch
 from dpgrpo.model import Policy
 from dpgrpo.rollout.batch import (RolloutBatch, assemble, chat_prompt_ids, empty_batch,
                                   left_pad, stop_ids)
-from dpgrpo.rollout.engine import check_request, prompt_seeds
+from dpgrpo.rollout.engine import check_request, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
 
 
@@ -124,7 +125,7 @@ def hf_generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_s
             if trim:
                 first = int(mask[0].nonzero()[0])                 # the prompt's own tokens
                 ids, mask = ids[:, first:], mask[:, first:]
-            seed = seeds[rows.start // group_size] + rows.start % group_size
+            seed = request_seed(seeds[rows.start // group_size], rows.start % group_size)
             pieces.append(_sample_chunk(
                 model, ids.to(device), mask.to(device), temperature=temperature,
                 max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id, seed=seed, top_p=top_p,

@@ -46,9 +46,19 @@ class SamplerSettings:
 
 def row_coins(seeds: Sequence[int], group_size: int, max_new_tokens: int) -> torch.Tensor:
     """``(len(seeds) * group_size, max_new_tokens)`` fp64 uniforms in [0, 1), prompt-major:
-    rows ``i*G .. i*G+G-1`` come from ``torch.Generator().manual_seed(seeds[i])`` alone."""
-    tables = [torch.rand((group_size, max_new_tokens), dtype=torch.float64,
-                         generator=torch.Generator().manual_seed(int(s))) for s in seeds]
+    rows ``i*G .. i*G+G-1`` are the ChaCha20 keystream keyed by ``seeds[i]`` alone (53-bit
+    uniforms from 64-bit words; :func:`dpgrpo.privacy.record_coins.uniforms`).
+
+    A seed is an integer in [0, 2^256), all of it the key: the trainer passes each prompt a
+    256-bit seed bound to its (round, slot) (:mod:`dpgrpo.privacy.record_coins`), so its coins
+    have 256 secret bits and no batch-mate or position can change them. (A ``torch.Generator``
+    seeded with it would keep 32 of those bits on the CPU.)
+    """
+    from dpgrpo.privacy.record_coins import seed_key, uniforms
+
+    count = group_size * max_new_tokens
+    tables = [torch.from_numpy(uniforms(seed_key(int(s)), bytes(16), count).copy())
+              .reshape(group_size, max_new_tokens) for s in seeds]
     return torch.cat(tables) if tables else torch.zeros((0, max_new_tokens), dtype=torch.float64)
 
 

@@ -83,14 +83,21 @@ def merged_adapter(model: Any) -> Iterator[None]:
             for layer in layers:
                 base = layer.base_layer
                 weight = base.weight
-                delta = layer.get_delta_weight(layer.active_adapters[0]).to(weight.dtype)
-                saved.append((layer, weight))
+                adapter = layer.active_adapters[0]
+                delta = layer.get_delta_weight(adapter).to(weight.dtype)
+                saved.append((layer, weight, base.bias))
                 base.weight = torch.nn.Parameter(weight + delta, requires_grad=False)
+                lora_bias = layer.lora_B[adapter].bias  # model.lora_bias: scale * b on the output
+                if lora_bias is not None:
+                    shift = (lora_bias * layer.scaling[adapter]).to(weight.dtype)
+                    bias = shift if base.bias is None else base.bias + shift
+                    base.bias = torch.nn.Parameter(bias, requires_grad=False)
                 layer._disable_adapters = True
         yield
     finally:
-        for layer, weight in saved:
+        for layer, weight, bias in saved:
             layer.base_layer.weight = weight
+            layer.base_layer.bias = bias
             layer._disable_adapters = False
 
 

@@ -4,7 +4,8 @@ vLLM serves the public base model; the policy's LoRA adapter is saved to a priva
 folder whenever its weights changed since the last call and passed as a new ``LoRARequest``
 (a fresh id, so vLLM loads it): the base weights are never reloaded. Prompts go in as token ids
 (same chat template and tokenizer as the transformers engine), each completion is one request
-with its own seed (prompt seed + row index, the seeds drawn from the run's hidden generator),
+with its own 63-bit seed (a ChaCha20 function of the prompt's 256-bit seed and the row index;
+in training the prompt's seed is bound to its round and slot, privacy/record_coins.py),
 and the output is the same :class:`~dpgrpo.rollout.batch.RolloutBatch`.
 
 Record isolation. vLLM's continuous batching mixes requests in every forward pass. A seeded
@@ -40,7 +41,7 @@ import torch
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout.batch import (RolloutBatch, assemble, chat_prompt_ids, empty_batch,
                                   left_pad, stop_ids)
-from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds
+from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
 
 INSTALL = "pip install 'dpgrpo[vllm]' (a CUDA GPU is needed)"
@@ -176,7 +177,7 @@ class VLLMEngine:
         requests = [({"prompt_token_ids": prompts[p]}, SamplingParams(
             n=1, temperature=float(temperature), top_p=float(top_p),
             repetition_penalty=float(repetition_penalty), max_tokens=max_new_tokens,
-            seed=seeds[p] + j, stop_token_ids=stop, detokenize=False))
+            seed=request_seed(seeds[p], j), stop_token_ids=stop, detokenize=False))
             for p in range(len(prompts)) for j in range(group_size)]
         generated = torch.full((len(requests), max_new_tokens), pad_id, dtype=torch.long)
         for rows in plan_calls([len(p) for p in prompts], group_size, self.rows_per_call,

@@ -1,37 +1,39 @@
-"""The child side of :mod:`dpgrpo.tasks.sandbox`: run a program, then its tests, then say so.
+"""The untrusted side of :mod:`dpgrpo.tasks.sandbox`: load a program, then answer calls.
 
-This file is not imported by dpgrpo. Its text is run as ``python -I -S -B -c <text>`` (isolated
-mode, no site-packages, no bytecode written) in a fresh temporary directory, and reads one JSON
-payload from stdin: ``program``, ``tests``, ``nonce`` (hex), ``workdir``, ``limits``. Before any
-untrusted code runs it
+This file is not imported by dpgrpo. Its text, after ``_sandbox_wire.py``'s, is run as
+``python -I -S -B -c <text>`` inside the OS sandbox (:mod:`dpgrpo.tasks.isolation`) and reads
+one JSON payload from stdin: ``program``, ``limits``, ``workdir``, ``response_fd`` and either
+``calls`` (a list of ``[name, args, kwargs]``, plain data on the wire) or ``request_fd`` (the
+tests runner sends one such call per line). For each call it writes one line to
+``response_fd``: ``{"v": value}`` with the return value encoded by the wire (exact builtin data
+only, so an object equal to everything cannot be sent) or ``{"e": "ExceptionName"}``.
+
+The verdict is never computed here: this process never holds the tests or their expected
+values, so reading its own frames, patching its builtins or forging responses can only change
+what it claims its functions returned. Before the program runs it
 
 1. lowers its resource limits for good (soft = hard): address space, CPU seconds, file size
    (stdout and stderr go to a file, so this also caps the output), processes (0: no fork or
-   thread for a non-root user), open files, core dumps;
-2. installs an audit hook (PEP 578) that ends the process with exit status 97 on any forbidden
-   action: starting processes (fork, exec, spawn, system, subprocess), threads, sockets, signals
-   to other processes, ctypes, new code or function objects, the gc's object lists, importing
-   modules that do these things, reading files outside the work directory and the standard
-   library, and writing, creating or deleting anything outside the work directory. The hook
-   holds the pass nonce; it writes it to stdout only when the tests have returned, on an event
-   raised once from this file's own ``main``.
+   thread where the kernel enforces it for this uid), open files, core dumps;
+2. installs an audit hook (PEP 578), the inner layer, that ends the process with exit status
+   97 on any forbidden action: starting processes (fork, exec, spawn, system, subprocess),
+   threads, sockets, signals to other processes, ctypes, new code or function objects, the
+   gc's object lists, importing modules that do these things, reading files outside the work
+   directory and the standard library, and writing anything outside the work directory.
 
-The program's top-level functions may return only plain data (exact builtin numbers, strings,
-None and containers of them): an object that claims to equal everything cannot pass a test.
-The tests run in their own namespace, on a copy of the builtins taken before the program ran.
-Exit status: 0 passed (nonce written), 1 a test or the program raised, 2 syntax error,
-3 out of memory, 97 forbidden action; signals: SIGXCPU (CPU limit), SIGXFSZ (output limit).
+Exit status: 0 every call answered, 1 the program raised, 2 syntax error, 3 out of memory,
+97 forbidden action; signals: SIGXCPU (CPU limit), SIGXFSZ (output limit).
 """
 
 import sys
 
 
-def _guard(workdir, read_roots, nonce, main_code):
-    """The audit hook: state, path rules and the pass nonce live in this closure only."""
+def _guard(workdir, read_roots):
+    """The audit hook (the inner layer): its state and path rules live in this closure only."""
     import os
 
     realpath, fsdecode, fspath = os.path.realpath, os.fsdecode, os.fspath
-    write, exit_, getframe = os.write, os._exit, sys._getframe
+    write, exit_ = os.write, os._exit
     sep = os.sep
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     deny = frozenset((
@@ -56,7 +58,7 @@ def _guard(workdir, read_roots, nonce, main_code):
         "shutil.rmtree", "shutil.copyfile", "shutil.copytree", "shutil.move", "shutil.chown",
         "shutil.make_archive", "shutil.unpack_archive", "tempfile.mkstemp",
         "tempfile.mkdtemp"))
-    state = {"phase": 0, "writes": 0}
+    state = {"writes": 0}
 
     def forbid(event):
         write(2, b"dpgrpo-sandbox: forbidden " + event.encode("ascii", "replace") + b"\n")
@@ -77,16 +79,7 @@ def _guard(workdir, read_roots, nonce, main_code):
         return [a for a in args if isinstance(a, (str, bytes)) or hasattr(a, "__fspath__")]
 
     def hook(event, args):
-        if event == "dpgrpo.start":
-            if state["phase"] != 0 or getframe(1).f_code is not main_code:
-                forbid(event)
-            state["phase"] = 1
-        elif event == "dpgrpo.passed":
-            if state["phase"] != 1 or getframe(1).f_code is not main_code:
-                forbid(event)
-            write(1, b"\n" + nonce + b"\n")
-            exit_(0)
-        elif event in deny:
+        if event in deny:
             forbid(event)
         elif event == "import":
             if args[0].partition(".")[0] in deny_modules:
@@ -111,42 +104,46 @@ def _guard(workdir, read_roots, nonce, main_code):
     return hook
 
 
-def _plain_returns(fn, plain_atoms, containers):
-    """``fn`` whose return value must be plain data (exact builtin types, walked iteratively)."""
-    type_ = type
+def _send(fd, text, write):
+    """Write all of ``text`` and a newline to ``fd``."""
+    data = text.encode("utf-8") + b"\n"
+    while data:
+        data = data[write(fd, data):]
 
-    def plain(value):
-        stack, seen = [value], 0
-        while stack:
-            item = stack.pop()
-            seen += 1
-            kind = type_(item)
-            if seen > 1_000_000:
-                return False
-            if kind in plain_atoms:
-                continue
-            if kind not in containers:
-                return False
-            stack.extend(item.items() if kind is dict else item)
-        return True
 
-    def wrapper(*args, **kwargs):
-        value = fn(*args, **kwargs)
-        if not plain(value):
-            raise TypeError(f"{fn.__name__} returned {type_(value).__name__}, not plain data")
-        return value
+def _requests(fd, read, limit):
+    """The calls arriving on ``fd``, one JSON line each, until end of file."""
+    buffer = b""
+    while True:
+        cut = buffer.find(b"\n")
+        if cut >= 0:
+            line, buffer = buffer[:cut], buffer[cut + 1:]
+            yield line
+            continue
+        chunk = read(fd, 65536)
+        if not chunk or len(buffer) > limit:
+            return
+        buffer += chunk
 
-    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
-    return wrapper
+
+def _answer(namespace, call):
+    """The response line of one call ``[name, args, kwargs]``."""
+    name, args, kwargs = call
+    try:
+        target = namespace[name]
+        value = target(*decode(args), **decode(kwargs))
+        return json.dumps({"v": encode(value)}, separators=(",", ":"))
+    except MemoryError:
+        raise
+    except BaseException as err:  # noqa: BLE001 - the callee's failure is its answer
+        return json.dumps({"e": type(err).__name__[:100]})
 
 
 def main():
-    import builtins
-    import json
     import os
     import resource
 
-    exit_, write, type_ = os._exit, os.write, type  # the program cannot patch these locals
+    exit_, write, read = os._exit, os.write, os.read  # the program cannot patch these locals
     payload = json.loads(sys.stdin.buffer.read())
     os.close(0)
     limits = payload["limits"]
@@ -158,37 +155,26 @@ def main():
         if hasattr(resource, name):
             resource.setrlimit(getattr(resource, name), (soft, hard))
     read_roots = tuple(os.path.realpath(p) for p in sys.path if p and os.path.exists(p))
-    audit = sys.audit
-    sys.addaudithook(_guard(os.path.realpath(payload["workdir"]), read_roots,
-                            payload["nonce"].encode("ascii"), sys._getframe().f_code))
-    program, tests = payload["program"], payload["tests"]
+    sys.addaudithook(_guard(os.path.realpath(payload["workdir"]), read_roots))
+    program, calls = payload["program"], payload.get("calls")
+    response_fd, request_fd = payload["response_fd"], payload.get("request_fd")
     del payload
-    saved = dict(builtins.__dict__)
-    atoms = (int, float, complex, bool, str, bytes, type(None))
-    containers = (list, tuple, set, frozenset, dict)
-    function = type(main)
-    del globals()["main"], globals()["_guard"]  # nothing can run them again
-    audit("dpgrpo.start")
     try:
         namespace = {"__name__": "__solution__"}
         exec(compile(program, "<solution>", "exec"), namespace)
-        builtins.__dict__.clear()
-        builtins.__dict__.update(saved)
-        for key, value in list(namespace.items()):
-            if type(value) is function and value.__code__.co_filename == "<solution>":
-                namespace[key] = _plain_returns(value, atoms, containers)
-        checks = {**namespace, "__name__": "__tests__", "__builtins__": dict(saved)}
-        exec(compile(tests, "<tests>", "exec"), checks)
+        source = calls if calls is not None else (
+            json.loads(line) for line in _requests(request_fd, read, 1 << 24))
+        for call in source:
+            _send(response_fd, _answer(namespace, call), write)
     except SyntaxError:
         write(2, b"SyntaxError\n")
         exit_(2)
     except MemoryError:
         exit_(3)
     except BaseException as err:  # noqa: BLE001 - any failure, SystemExit included, fails
-        write(2, b"raised " + type_(err).__name__.encode("ascii", "replace") + b"\n")
+        write(2, b"raised " + type(err).__name__.encode("ascii", "replace") + b"\n")
         exit_(1)
-    audit("dpgrpo.passed")
-    exit_(1)  # not reached: the hook ends the process
+    exit_(0)
 
 
 main()

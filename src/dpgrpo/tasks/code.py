@@ -13,7 +13,8 @@ first fenced ```python block, else the whole response), runs ``question + code``
 tests with :func:`dpgrpo.tasks.sandbox.run_tests`, and is correct only if every test passed.
 Every failure scores 0: syntax errors, exceptions, timeouts (``Verdict.timed_out``), memory
 and output limits, crashes and forbidden actions (processes, network, files outside the
-sandbox's temporary directory).
+sandbox's temporary directory). The verdict is computed outside the completion's process and
+every run is OS-isolated (docs/code-sandbox.md); without isolation the code tasks refuse.
 
 Tasks: ``code`` (embedded, generated offline from a public seed like ``arithmetic``: small
 single-function problems for CPU runs; ``train`` 1,000, ``eval`` 200) and ``humaneval``
@@ -31,6 +32,7 @@ from pathlib import Path
 from dpgrpo.errors import ConfigError
 from dpgrpo.tasks.base import LoadedSplit, Problem, Verdict, VerifiedTask, get_scorer
 from dpgrpo.tasks.base import register_scorer, register_task
+from dpgrpo.tasks.isolation import require_isolation
 from dpgrpo.tasks.sandbox import SandboxLimits, run_tests
 
 #: Wall-clock seconds for one completion's tests (HumanEval's own harness uses 3).
@@ -80,7 +82,7 @@ def unit_tests(response: str, problem: Problem, *, hit_cap: bool = False,
     if not code.strip():
         return Verdict(False, None)
     result = run_tests(f"{problem.question.rstrip()}\n\n{code}\n", problem.answer,
-                       SandboxLimits(timeout_s=timeout_s))
+                       SandboxLimits(timeout_s=timeout_s), question=problem.question)
     return Verdict(result.passed, code, result.timed_out)
 
 
@@ -88,9 +90,12 @@ def unit_tests(response: str, problem: Problem, *, hit_cap: bool = False,
 class CodeTask(VerifiedTask):
     """A task whose scorers run sandboxed unit tests. The sandbox bounds each run itself (wall
     clock ``check_timeout_s``, CPU, memory), so the scorers are called directly rather than
-    through :func:`~dpgrpo.tasks.base.bounded_score`, whose signal would interrupt the wait."""
+    through :func:`~dpgrpo.tasks.base.bounded_score`, whose signal would interrupt the wait.
+    Building the scorers checks the OS isolation first: where it is missing the task refuses
+    (:class:`~dpgrpo.tasks.isolation.IsolationUnavailable`) before any completion is scored."""
 
     def scorers(self) -> dict[str, Callable[..., Verdict]]:
+        require_isolation()
         return {role: functools.partial(get_scorer(name), timeout_s=self.check_timeout_s)
                 for role, name in self.scorer_names.items()}
 

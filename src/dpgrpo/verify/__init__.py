@@ -7,6 +7,8 @@ with a tolerance; the record is machine-readable (check, measured, tolerance, pa
   decorator and the list :data:`CHECKS`;
 * :mod:`~dpgrpo.verify.mechanism`: model-free checks of the sampler, the mechanism, the noise
   source and the accountant (``group="mechanism"``), registered on import;
+* :mod:`~dpgrpo.verify.randomness`: the privacy randomness itself (noise blocks and pairs,
+  coin resolution, record streams' secret bits and binding), ``group="mechanism"``;
 * :mod:`~dpgrpo.verify.model`: per-prompt gradient checks on a tiny random double-precision
   model (``group="model"``), registered by :func:`run_checks` (they load transformers);
 * :mod:`~dpgrpo.verify.fixtures`: the tiny random Llama and offline tokenizer they use (also
@@ -15,7 +17,7 @@ with a tolerance; the record is machine-readable (check, measured, tolerance, pa
 
 from __future__ import annotations
 
-from dpgrpo.verify import mechanism
+from dpgrpo.verify import mechanism, randomness  # noqa: F401  (registers the checks)
 from dpgrpo.verify.registry import CHECKS, Check, CheckResult, check
 
 

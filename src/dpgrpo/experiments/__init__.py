@@ -1,0 +1,1 @@
+"""Experiments built from training runs: public-proxy tuning (more to come here)."""

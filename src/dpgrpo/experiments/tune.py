@@ -1,0 +1,388 @@
+"""Choose hyper-parameters on a public proxy task, at the private run's budget (``dpgrpo tune``).
+
+Tuning on the private data is not covered by the guarantee (Papernot & Steinke, ICLR 2022:
+the choice itself leaks). So every grid point here is trained and scored on a PUBLIC proxy
+task, under the private run's own mechanism: the same n (as public slots of the proxy), the
+same epsilon and delta, T, and sigma calibrated for each point's m exactly as the private run
+would calibrate it. Whatever this writes was computed without opening the private data, so
+its privacy cost is zero; the private run then uses the chosen point's settings.
+
+The proxy must not be the private data: a proxy with the training task's name and data folder
+is refused, unless the task is generated offline from a public seed (the embedded arithmetic
+levels), whose every split is public by construction.
+
+Layout of the output folder OUT::
+
+    OUT/tune.json           the grid: per point its overrides, p, sigma, noise-to-signal,
+                            proxy accuracy; the chosen point; what was and was not read
+    OUT/chosen.toml         the private config with the chosen point's overrides applied
+    OUT/base/               the proxy's base evaluation
+    OUT/points/<name>/      each point's run (release/, recovery/, eval/), resumable
+
+A rerun into OUT skips complete points and resumes interrupted ones (:func:`protocol.run_one`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from dpgrpo.config import RunConfig, apply_overrides, to_toml
+from dpgrpo.errors import ConfigError, PrivacyError
+
+#: override keys a grid point may set: the adapter, the optimizer, the objective and m (the
+#: mechanism's epsilon, delta, n and T are the private run's and stay fixed)
+TUNABLE_PREFIXES = ("model.lora_", "model.target_modules", "model.init_adapter", "train.",
+                    "privacy.expected_batch", "privacy.clip_norm")
+FIXED_KEYS = ("train.arm", "train.steps")
+
+#: the default grid (``dpgrpo tune`` without ``--grid``): today's adapter beside smaller ones
+DEFAULT_GRID: dict[str, tuple[str, ...]] = {
+    "lora-all": (),
+    "ffa-B": ("model.lora_train=B",),
+    "ffa-B-lr3e-2": ("model.lora_train=B", "train.learning_rate=3e-2"),
+    "bias": ("model.lora_bias=true", "model.lora_train=bias", "train.learning_rate=3e-2"),
+}
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One setting to try: a name and its ``section.key=value`` overrides."""
+
+    name: str
+    overrides: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ConfigError(f"grid point name {self.name!r} must be a plain folder name")
+        for item in self.overrides:
+            key = item.split("=", 1)[0].strip()
+            if key in FIXED_KEYS or not key.startswith(TUNABLE_PREFIXES):
+                raise ConfigError(
+                    f"grid point {self.name!r} sets {key!r}: a point may set the adapter "
+                    "(model.lora_*, model.target_modules, model.init_adapter), train.* (not arm "
+                    "or steps), privacy.expected_batch or privacy.clip_norm; epsilon, delta, n "
+                    "and T are the private run's")
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """The proxy, the grid and how points are scored."""
+
+    proxy: str
+    proxy_data_dir: str | None = None
+    grid: tuple[GridPoint, ...] = field(
+        default_factory=lambda: tuple(GridPoint(k, v) for k, v in DEFAULT_GRID.items()))
+    eval_split: str = "eval"
+    eval_limit: int | None = None
+    eval_batch_size: int = 25
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.grid:
+            raise ConfigError("the tuning grid is empty")
+        names = [p.name for p in self.grid]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"grid point names must be distinct: {names}")
+        if self.workers < 1 or self.eval_batch_size < 1:
+            raise ConfigError("tune: workers and eval_batch_size must be >= 1")
+
+
+def parse_grid(table: Mapping[str, Any]) -> tuple[GridPoint, ...]:
+    """A ``[tune.grid]`` table (point name -> list of overrides, or a table of key = value)."""
+    points = []
+    for name, value in table.items():
+        if isinstance(value, Mapping):
+            items = tuple(f"{k}={_toml_value(v)}" for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            items = tuple(str(v) for v in value)
+        else:
+            raise ConfigError(f"[tune.grid] {name!r} must be a list of overrides or a table")
+        points.append(GridPoint(name, items))
+    return tuple(points)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def load_tune(path: str | Path, overrides: Sequence[str] = (), **options: Any
+              ) -> tuple[RunConfig, TuneSettings]:
+    """The private config (its ``[tune]``, ``[protocol]`` and ``[study]`` tables stripped) and
+    the tune settings: CLI ``options`` (None = not given) over the ``[tune]`` table."""
+    from dpgrpo.config import config_from_dict, read_toml
+
+    data = read_toml(path)
+    table = data.pop("tune", {}) or {}
+    protocol = data.pop("protocol", {}) or {}
+    data.pop("study", None)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tune] must be a table")
+    config = apply_overrides(config_from_dict(data, source=str(path)), list(overrides))
+    values = dict(table)
+    grid = values.pop("grid", None)
+    values.update({k: v for k, v in options.items() if v is not None})
+    values.setdefault("eval_batch_size", protocol.get("eval_batch_size", 25))
+    known = {"proxy", "proxy_data_dir", "eval_split", "eval_limit", "eval_batch_size", "workers"}
+    if unknown := sorted(set(values) - known):
+        raise ConfigError(f"{path}: unknown [tune] key {unknown[0]!r} (known: "
+                          f"{', '.join(sorted(known | {'grid'}))})")
+    if not values.get("proxy"):
+        raise ConfigError(f"{path}: name a public proxy task with --proxy or tune.proxy")
+    if grid is not None:
+        values["grid"] = parse_grid(grid)
+    return config, TuneSettings(**values)
+
+
+def private_slots(config: RunConfig) -> int:
+    """The private run's public n, fixed WITHOUT reading its data: ``data.n_slots``, else
+    ``data.limit`` + canaries, else the size of a task generated offline. A data file's row
+    count would have to be read from the private file, so it is refused."""
+    from dpgrpo.tasks import get_task
+
+    data, k = config.data, config.audit.canaries
+    if data.n_slots is not None:
+        return data.n_slots
+    if data.limit is not None:
+        return data.limit + k
+    task = get_task(data.task)
+    if task.needs_data_dir:
+        raise ConfigError(f"tune fixes n without reading the private data: task {data.task!r} "
+                          "reads a file, so set data.n_slots (or data.limit) in the config")
+    from dpgrpo.tasks import load_split
+
+    return len(load_split(task, data.split, None).problems) + k  # generated: no file opened
+
+
+def check_proxy(config: RunConfig, settings: TuneSettings) -> None:
+    """Refuse a proxy that is the private data (PrivacyError), unless it is generated."""
+    from dpgrpo.tasks import get_task
+
+    proxy = get_task(settings.proxy)
+    if not proxy.needs_data_dir:
+        return  # generated offline from a public seed: every split is public
+    same_dir = (settings.proxy_data_dir is not None and config.data.data_dir is not None
+                and Path(settings.proxy_data_dir).resolve() == Path(config.data.data_dir).resolve())
+    if same_dir or (settings.proxy == config.data.task and settings.proxy_data_dir is None):
+        raise PrivacyError(
+            f"proxy {settings.proxy!r} reads {settings.proxy_data_dir or config.data.data_dir}: "
+            "that is the private run's own data, and choosing settings on it is not covered by "
+            "the guarantee; give a public proxy (another task or another --proxy-data-dir)")
+
+
+def proxy_config(config: RunConfig, settings: TuneSettings, point: GridPoint, n: int
+                 ) -> RunConfig:
+    """The private config moved onto the proxy: the proxy's train split (its first n problems if
+    it holds more) in n public slots (the private run's n, so q = m / n is the same), no canaries, the point's overrides, the
+    arm DP-GRPO and sigma left to calibration from the same epsilon and delta."""
+    from dpgrpo.tasks import load_split
+
+    size = len(load_split(settings.proxy, "train", settings.proxy_data_dir).problems)  # public
+    data = replace(config.data, task=settings.proxy, data_dir=settings.proxy_data_dir,
+                   split="train", limit=n if size > n else None, n_slots=n, skip_invalid=False,
+                   privacy_unit="prompt", contributors=None)
+    delta = config.privacy.delta if config.privacy.delta is not None else 1.0 / (10 * n)
+    privacy = replace(config.privacy, delta=delta, noise_multiplier=None)
+    cfg = replace(config, data=data, privacy=privacy, audit=replace(config.audit, canaries=0),
+                  train=replace(config.train, arm="dp-grpo"))
+    return apply_overrides(cfg, list(point.overrides))
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """A grid point's budget, size and score on the proxy."""
+
+    name: str
+    overrides: tuple[str, ...]
+    expected_batch: float
+    sigma: float
+    trainable_params: int
+    noise_to_signal: float
+    completions: int
+    accuracy: float | None      # proxy eval accuracy (strict), None until evaluated
+    epsilon: float | None       # the proxy run's certified epsilon (= the private target)
+
+
+def _point_dirs(out: Path, point: GridPoint) -> Path:
+    return out / "points" / point.name
+
+
+def plan_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
+               n: int) -> Any:
+    """The point's one-run protocol plan (DP-GRPO only, one seed, no figures) on the proxy."""
+    from dpgrpo.protocol import ProtocolSettings, plan_protocol
+
+    cfg = proxy_config(config, settings, point, n)
+    st = ProtocolSettings(seeds=1, arms=("dp-grpo",), eval_split=settings.eval_split,
+                          eval_limit=settings.eval_limit,
+                          eval_batch_size=settings.eval_batch_size, figures=False)
+    return plan_protocol(cfg, st, _point_dirs(out, point))
+
+
+def _run_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
+               n: int) -> dict[str, Any]:
+    from dpgrpo.protocol import check_existing, run_one
+    from dpgrpo.rundir import RunDir
+
+    plan = plan_point(config, settings, point, out, n)
+    spec, = plan.runs
+    check_existing(spec)
+    _, summary = run_one(plan, spec)
+    cert = RunDir(spec.run_dir).certificate() or {}
+    return {"accuracy": summary["accuracy"]["strict"], "epsilon": cert.get("epsilon"),
+            "trainable_params": cert.get("trainable_coordinates"), "sigma": plan.budget.sigma}
+
+
+def _run_base(config: RunConfig, settings: TuneSettings, out: Path, n: int) -> dict[str, Any]:
+    from dpgrpo.protocol import BASE_ARM, evaluate
+
+    plan = plan_point(config, settings, settings.grid[0], out, n)
+    summary = evaluate(plan, out / "base", adapter=None, arm=BASE_ARM, seed=None)
+    return {"accuracy": summary["accuracy"]["strict"]}
+
+
+def _worker(config: dict[str, Any], settings: dict[str, Any], what: str, out: str,
+            n: int, threads: int) -> dict[str, Any]:
+    """One task in a spawned worker (only public values cross)."""
+    import torch
+
+    from dpgrpo.config import config_from_dict
+
+    torch.set_num_threads(threads)
+    cfg = config_from_dict(config)
+    st = _settings_from_dict(settings)
+    if what == "base":
+        return _run_base(cfg, st, Path(out), n)
+    point, = [p for p in st.grid if p.name == what]
+    return _run_point(cfg, st, point, Path(out), n)
+
+
+def _settings_from_dict(data: Mapping[str, Any]) -> TuneSettings:
+    grid = tuple(GridPoint(p["name"], tuple(p["overrides"])) for p in data["grid"])
+    return TuneSettings(**{**data, "grid": grid})
+
+
+def _config_dict(config: RunConfig) -> dict[str, Any]:
+    data = config.to_dict(public=False)
+    return {section: {k: v for k, v in values.items() if v is not None}
+            for section, values in data.items()}
+
+
+def _run_all(config: RunConfig, settings: TuneSettings, out: Path, n: int,
+             say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    tasks = ["base", *(p.name for p in settings.grid)]
+    if settings.workers == 1:
+        results = {}
+        for name in tasks:
+            say(f"{name} ...")
+            point = [p for p in settings.grid if p.name == name]
+            results[name] = (_run_base(config, settings, out, n) if name == "base"
+                             else _run_point(config, settings, point[0], out, n))
+        return results
+    workers = min(settings.workers, len(tasks))
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    say(f"{len(tasks)} tasks on {workers} workers, {threads} thread(s) each")
+    args = (_config_dict(config), asdict(settings))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_worker, *args, name, str(out), n, threads)
+                   for name in tasks}
+        results = {}
+        for name, future in futures.items():
+            results[name] = future.result()
+            say(f"{name}: done")
+    return results
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    out_dir: Path
+    base_accuracy: float
+    points: tuple[PointResult, ...]
+    chosen: str
+    chosen_config: Path
+    report: dict[str, Any]
+
+
+def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
+             progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Train and score every grid point on the proxy; choose the best proxy accuracy (ties:
+    the earlier point); write ``tune.json`` and ``chosen.toml``. Never reads the private data."""
+    from dpgrpo.atomic import atomic_write_json, atomic_write_text
+    from dpgrpo.runlock import RunLock
+
+    say = progress or (lambda message: None)
+    out = Path(out_dir).resolve()
+    check_proxy(config, settings)
+    n = private_slots(config)
+    for point in settings.grid:  # every point's config is valid before any work
+        proxy_config(config, settings, point, n)
+    out.mkdir(parents=True, exist_ok=True)
+    with RunLock(out, what="tune folder"):
+        results = _run_all(config, settings, out, n, say)
+    base = float(results["base"]["accuracy"])
+    points = tuple(_point_result(config, settings, p, n, results[p.name]) for p in settings.grid)
+    best = max(points, key=lambda r: (r.accuracy if r.accuracy is not None else -math.inf,
+                                      -points.index(r)))
+    chosen_cfg = apply_overrides(config, list(best.overrides))
+    chosen_path = out / "chosen.toml"
+    atomic_write_text(chosen_path, _chosen_header(settings, best) + to_toml(chosen_cfg))
+    report = {"proxy": settings.proxy, "proxy_data_dir": settings.proxy_data_dir,
+              "eval_split": settings.eval_split, "private_task": config.data.task,
+              "n": n, "epsilon": config.privacy.epsilon, "steps": config.train.steps,
+              "base_accuracy": base, "chosen": best.name,
+              "chosen_overrides": list(best.overrides),
+              "privacy_cost": "zero: every run trained and scored on the public proxy; the "
+                              "private data was never opened (n came from the config)",
+              "points": [asdict(p) for p in points]}
+    atomic_write_json(out / "tune.json", report)
+    return TuneResult(out, base, points, best.name, chosen_path, report)
+
+
+def _point_result(config: RunConfig, settings: TuneSettings, point: GridPoint, n: int,
+                  found: Mapping[str, Any]) -> PointResult:
+    from dpgrpo.privacy.planning import noise_to_signal
+
+    cfg = proxy_config(config, settings, point, n)
+    p, m, sigma = int(found["trainable_params"]), cfg.privacy.expected_batch, float(found["sigma"])
+    return PointResult(name=point.name, overrides=point.overrides, expected_batch=m,
+                       sigma=sigma, trainable_params=p,
+                       noise_to_signal=noise_to_signal(sigma, p, m),
+                       completions=int(round(m * cfg.train.group_size * cfg.train.steps)),
+                       accuracy=float(found["accuracy"]), epsilon=found.get("epsilon"))
+
+
+def _chosen_header(settings: TuneSettings, best: PointResult) -> str:
+    sets = " ".join(f"--set {o}" for o in best.overrides) or "(no overrides: the config as given)"
+    return (f"# Chosen by `dpgrpo tune` on the public proxy {settings.proxy!r} at the private "
+            f"run's budget (point {best.name!r}: {sets}).\n# Privacy cost of the choice: zero "
+            "(the private data was never opened). The [protocol] and [study] tables of the "
+            "original file are not repeated here.\n\n")
+
+
+def grid_table(result: TuneResult) -> str:
+    """Markdown: each point's size, noise-to-signal and proxy accuracy, the chosen one marked."""
+    from dpgrpo.reports.tables import markdown_table
+
+    rows = [[("**" + r.name + "**") if r.name == result.chosen else r.name,
+             " ".join(r.overrides) or "(as configured)", f"{r.trainable_params:,}",
+             f"{r.expected_batch:g}", f"{r.sigma:.4f}", f"{r.noise_to_signal:.2f}",
+             f"{r.completions:,}", f"{100 * (r.accuracy or 0):.1f}"] for r in result.points]
+    header = ["point", "overrides", "trainable p", "m", "sigma", "sigma sqrt(p)/m",
+              "completions", "proxy accuracy (%)"]
+    return (markdown_table(header, rows)
+            + f"\n\nProxy base accuracy {100 * result.base_accuracy:.1f}%.\n")
+
+
+__all__ = ["DEFAULT_GRID", "GridPoint", "PointResult", "TuneResult", "TuneSettings",
+           "check_proxy", "grid_table", "load_tune", "parse_grid", "private_slots", "proxy_config",
+           "run_tune"]

@@ -1,0 +1,191 @@
+"""Smaller private parameter spaces and public warm starts (issue 26): model.lora_train
+("all", "B" = FFA-LoRA, "bias"), model.lora_bias and model.init_adapter.
+
+Each option keeps the per-prompt gradient paths exact (fast = reference), keeps what it
+freezes frozen through training and resume, and is stated in the certificate."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpgrpo.checkpoint import restore_adapter, save_recovery
+from dpgrpo.config import ModelConfig, RunConfig, load_config
+from dpgrpo.errors import ConfigError
+from dpgrpo.grads import per_prompt_grads_fast, per_prompt_grads_reference, trainable_parameters
+from dpgrpo.model import LoraSettings, adapter_parameters, attach_lora
+from dpgrpo.objectives.grpo import GRPOObjective
+from dpgrpo.rollout.transformers_engine import merged_adapter
+from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer, exact_rmsnorm
+
+from test_grads import make_batch
+
+REWARDS = torch.tensor([[1., 0, 0, 1], [0, 0, 0, 1], [1, 1, 0, 0]])
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tiny_tokenizer()
+
+
+def _policy(tok, train: str = "all", bias: bool = False, seed: int = 7):
+    """fp64 tiny Llama whose adapter weights (A, B and B's bias) are all nonzero."""
+    torch.manual_seed(seed)
+    base = build_tiny_model(tok, dtype="float64")
+    exact_rmsnorm(base)
+    model = attach_lora(base, LoraSettings(dropout=0.0, train=train, bias=bias))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in adapter_parameters(model).items():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.2)
+    return model.eval()
+
+
+@pytest.mark.parametrize("train,bias,suffixes", [
+    ("B", False, ("lora_B.default.weight",)),
+    ("B", True, ("lora_B.default.weight", "lora_B.default.bias")),
+    ("bias", True, ("lora_B.default.bias",)),
+])
+def test_frozen_parts_leave_the_per_prompt_gradients_exact(tok, train, bias, suffixes):
+    model = _policy(tok, train, bias)
+    params = trainable_parameters(model)
+    assert params and all(n.endswith(suffixes) for n in params)
+    frozen = [n for n, p in adapter_parameters(model).items() if not p.requires_grad]
+    assert frozen and all("lora_A" in n or n.endswith("lora_B.default.weight") for n in frozen)
+    batch = make_batch(model, tok, REWARDS)      # the reference pass switches PEFT's adapter
+    assert set(trainable_parameters(model)) == set(params)  # off and on: the freeze holds
+    assert not any(adapter_parameters(model)[n].requires_grad for n in frozen)
+    fast = per_prompt_grads_fast(model, GRPOObjective(), batch)
+    ref = per_prompt_grads_reference(model, GRPOObjective(), batch)
+    assert set(fast) == set(ref) == set(params)
+    for name in params:
+        scale = float(ref[name].abs().max())
+        assert scale > 0 and float((fast[name] - ref[name]).abs().max()) <= 1e-9 * scale
+    # freezing A does not change dL/dB: the same weights trained whole give the same B grads
+    whole = _policy(tok, "all", bias)
+    full = per_prompt_grads_reference(whole, GRPOObjective(), make_batch(whole, tok, REWARDS))
+    for name in params:
+        assert torch.allclose(full[name], ref[name], rtol=1e-9, atol=1e-12), name
+
+
+def test_the_parameter_count_falls_as_the_issue_says(tok):
+    counts = {train: sum(p.numel() for p in trainable_parameters(_policy(tok, train, True)).values())
+              for train in ("all", "B", "bias")}
+    model = _policy(tok, "all", True)
+    d_out = sum(m.out_features for n, m in model.named_modules() if n.endswith("lora_B.default"))
+    assert counts["bias"] == d_out                      # one vector of d_out per module
+    rank = LoraSettings().rank
+    assert counts["B"] == (rank + 1) * d_out            # weight (d_out x rank) + bias
+    assert counts["all"] > counts["B"] > counts["bias"]
+
+
+def test_the_cpu_decoder_merges_the_lora_bias(tok):
+    model = _policy(tok, "bias", True)
+    ids = torch.randint(3, len(tok), (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with merged_adapter(model):
+            merged = model(input_ids=ids).logits
+        after = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+    assert float((plain - merged).abs().max()) < 1e-10       # the bias is in the merge
+    assert torch.equal(plain, after)                         # and leaving restores the layer
+    assert float((plain - base).abs().max()) > 1e-3          # the bias does move the logits
+
+
+def test_resume_restores_a_frozen_A(tok, tmp_path):
+    model = _policy(tok, "B", seed=1)
+    opt = torch.optim.AdamW(list(trainable_parameters(model).values()), lr=1e-3)
+    path = save_recovery(tmp_path / "recovery", 3, model=model, optimizer=opt, generators={},
+                         extra={})
+    other = _policy(tok, "B", seed=2)                        # another random A
+    a_name = next(n for n in adapter_parameters(other) if "lora_A" in n)
+    assert not torch.equal(adapter_parameters(other)[a_name], adapter_parameters(model)[a_name])
+    restore_adapter(other, torch.load(path / "state.pt", weights_only=False)["adapter"])
+    for name, p in adapter_parameters(model).items():
+        assert torch.equal(adapter_parameters(other)[name], p), name
+    assert not adapter_parameters(other)[a_name].requires_grad
+
+
+def _save_adapter(tok, folder: Path, **lora) -> Path:
+    model = _policy(tok, **lora)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_init_adapter_loads_every_weight_or_refuses(tok, tmp_path):
+    saved = _save_adapter(tok, tmp_path / "public", seed=3)
+    source = {n: p.detach().clone() for n, p in adapter_parameters(_policy(tok, seed=3)).items()}
+    base = build_tiny_model(tok, dtype="float64")
+    warm = attach_lora(base, LoraSettings(dropout=0.0, train="B", init_adapter=str(saved)))
+    for name, p in adapter_parameters(warm).items():
+        assert torch.equal(p.detach(), source[name]), name
+    assert all("lora_B" in n for n in trainable_parameters(warm))
+    with pytest.raises(ConfigError, match="does not fit|tensors for an adapter"):
+        attach_lora(build_tiny_model(tok, dtype="float64"),
+                    LoraSettings(rank=2, init_adapter=str(saved)))
+    with pytest.raises(ConfigError, match="tensors for an adapter"):
+        attach_lora(build_tiny_model(tok, dtype="float64"),
+                    LoraSettings(bias=True, init_adapter=str(saved)))
+    with pytest.raises(ConfigError, match="not found"):
+        attach_lora(build_tiny_model(tok, dtype="float64"),
+                    LoraSettings(init_adapter=str(tmp_path / "nowhere")))
+
+
+def test_config_checks_the_adapter_options():
+    with pytest.raises(ConfigError, match="lora_train must be one of"):
+        ModelConfig(lora_train="A")
+    with pytest.raises(ConfigError, match="lora_bias = true"):
+        ModelConfig(lora_train="bias")
+    assert ModelConfig(lora_train="bias", lora_bias=True).lora_train == "bias"
+
+
+def test_a_private_run_starts_from_the_public_adapter_and_says_so(tiny_model_dir, tmp_path):
+    """One DP round from a warm start: every adapter weight starts at the public adapter's
+    value (the first AdamW step moves each trained coordinate by at most lr, frozen ones not
+    at all), and the certificate names the adapter, its sha256 and what was trained."""
+    from dpgrpo.model import load_policy
+    from dpgrpo.trainer import train
+
+    public = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=1))
+    with torch.no_grad():
+        for name, p in adapter_parameters(public.model).items():
+            p.add_(0.3 if "lora_B" in name else 0.0)
+    public.model.save_pretrained(tmp_path / "public")
+    start = {n: p.detach().clone().float() for n, p in adapter_parameters(public.model).items()}
+    lr = 1e-4
+    config = load_config(None, [f"model.name={tiny_model_dir}", "model.device=cpu",
+                                "model.lora_rank=1", "model.lora_train=B",
+                                f"model.init_adapter={tmp_path / 'public'}",
+                                "data.limit=20", "privacy.expected_batch=4",
+                                "privacy.noise_multiplier=1.0", "train.steps=1",
+                                "train.group_size=2", "train.max_new_tokens=4",
+                                f"train.learning_rate={lr}", "train.checkpoint_every=1"])
+    result = train(config, tmp_path / "run")
+    from safetensors.torch import load_file
+
+    released = load_file(str(result.release_dir / "adapter_model.safetensors"))
+    assert len(released) == len(start)
+    for name, value in released.items():
+        key = next(k for k in start if k.replace(".default", "") == name)
+        moved = float((value.float() - start[key]).abs().max())
+        if "lora_A" in name:
+            assert moved == 0.0, name                   # frozen at the public value
+        else:
+            assert moved <= lr * 1.001, name            # one AdamW step from the public value
+    assert any(float(v.abs().max()) > 0.25 for k, v in released.items() if "lora_B" in k)
+    cert = result.certificate
+    digest = hashlib.sha256((tmp_path / "public" / "adapter_model.safetensors").read_bytes())
+    assert cert["adapter"]["init_adapter"]["sha256"] == digest.hexdigest()
+    assert cert["adapter"]["lora_train"] == "B"
+    n_b = sum(v.numel() for k, v in released.items() if "lora_B" in k)
+    assert cert["adapter"]["trainable_coordinates"] == cert["trainable_coordinates"] == n_b
+    saved = json.loads((result.release_dir / "certificate.json").read_text())
+    assert saved["adapter"] == json.loads(json.dumps(cert["adapter"]))

@@ -1,0 +1,47 @@
+"""One writer per run, also under the unlink race (invariant 5: no second writer).
+
+A releasing holder unlinks ``.lock`` while still holding it, then closes it. A writer that
+opened the old file just before the unlink gets the flock on an inode no longer at the path,
+while a third writer creates a new ``.lock`` and locks that: two writers, each certifying only
+its own rounds. :class:`RunLock` re-checks after locking that its file is still the one at the
+path; these tests interleave the race deterministically (flock locks belong to open file
+descriptions, so one process can play every writer).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dpgrpo import runlock
+from dpgrpo.errors import RunLockedError
+from dpgrpo.runlock import RunLock
+
+
+def test_a_writer_that_opened_the_unlinked_lock_file_does_not_hold_the_run(tmp_path,
+                                                                             monkeypatch):
+    first = RunLock(tmp_path).acquire()
+    original_open, raced = os.open, []
+
+    def open_then_holder_releases(path, flags, mode=0o777):
+        fd = original_open(path, flags, mode)
+        if not raced:  # the holder unlinks .lock and drops its flock right after this open
+            raced.append(os.fstat(fd).st_ino)
+            first.release()
+        return fd
+
+    monkeypatch.setattr(runlock.os, "open", open_then_holder_releases)
+    second = RunLock(tmp_path).acquire()
+    monkeypatch.undo()
+    assert raced and second.held
+    with pytest.raises(RunLockedError, match=f"pid {os.getpid()}"):
+        RunLock(tmp_path).acquire()  # a third writer is refused: one writer at a time
+    # the second writer's lock is on the file now at the path (not an unlinked inode)
+    assert os.fstat(second._fd).st_nlink == 1
+    assert os.fstat(second._fd).st_ino == os.stat(tmp_path / ".lock").st_ino
+    second.release()
+    third = RunLock(tmp_path).acquire()  # and once it is gone, the run is free again
+    assert third.held
+    third.release()
+    assert not (tmp_path / ".lock").exists()

@@ -1,0 +1,116 @@
+"""`dpgrpo tune` (issue 26): settings chosen on a public proxy at the private run's budget,
+without ever opening the private data."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpgrpo.config import load_config
+from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.experiments.tune import (GridPoint, TuneSettings, check_proxy, load_tune,
+                                     private_slots, proxy_config, run_tune)
+
+
+def _private(tmp_path: Path, *extra: str):
+    """A private GSM8K-format file run: the data a tune must never read."""
+    folder = tmp_path / "private"
+    (folder / "gsm8k").mkdir(parents=True, exist_ok=True)
+    rows = [{"question": f"Secret {i}: what is {i} + 1?", "answer": f"{i} + 1\n#### {i + 1}"}
+            for i in range(30)]
+    (folder / "gsm8k" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder, load_config(None, ["data.task=gsm8k", f"data.data_dir={folder}", *extra])
+
+
+def test_the_proxy_may_not_be_the_private_data(tmp_path):
+    folder, config = _private(tmp_path, "data.n_slots=40")
+    with pytest.raises(PrivacyError, match="private run's own data"):
+        check_proxy(config, TuneSettings(proxy="gsm8k"))
+    with pytest.raises(PrivacyError, match="private run's own data"):
+        check_proxy(config, TuneSettings(proxy="gsm8k", proxy_data_dir=str(folder / ".")))
+    check_proxy(config, TuneSettings(proxy="gsm8k", proxy_data_dir=str(tmp_path / "public")))
+    check_proxy(config, TuneSettings(proxy="arithmetic-2"))
+    arithmetic = load_config(None, ["data.task=arithmetic"])
+    check_proxy(arithmetic, TuneSettings(proxy="arithmetic"))   # generated from a public seed
+
+
+def test_n_comes_from_the_config_never_from_the_private_file(tmp_path):
+    _, config = _private(tmp_path)
+    with pytest.raises(ConfigError, match="set data.n_slots"):
+        private_slots(config)
+    assert private_slots(_private(tmp_path, "data.n_slots=40")[1]) == 40
+    assert private_slots(load_config(None, ["data.task=arithmetic"])) == 1000
+
+
+@pytest.mark.parametrize("key", ["privacy.epsilon=4", "train.steps=3", "data.limit=5",
+                                 "privacy.noise_multiplier=2", "train.arm=non-private"])
+def test_a_grid_point_cannot_change_the_budget_or_the_data(key):
+    with pytest.raises(ConfigError, match="epsilon, delta, n and T are the private run's"):
+        GridPoint("p", (key,))
+
+
+def test_the_proxy_run_keeps_n_delta_and_T_and_recalibrates_sigma(tmp_path):
+    _, config = _private(tmp_path, "data.n_slots=40", "privacy.noise_multiplier=0.9",
+                         "audit.canaries=4")
+    point = GridPoint("b", ("model.lora_train=B", "privacy.expected_batch=6"))
+    cfg = proxy_config(config, TuneSettings(proxy="arithmetic-2"), point, 40)
+    assert (cfg.data.task, cfg.data.n_slots, cfg.data.limit) == ("arithmetic-2", 40, 40)
+    assert cfg.data.data_dir is None
+    assert cfg.privacy.delta == pytest.approx(1 / 400) and cfg.privacy.noise_multiplier is None
+    assert cfg.train.steps == config.train.steps and cfg.audit.canaries == 0
+    assert cfg.model.lora_train == "B" and cfg.privacy.expected_batch == 6
+
+
+def test_tune_trains_on_the_proxy_and_never_opens_the_private_data(tiny_model_dir, tmp_path):
+    folder, _ = _private(tmp_path)
+    toml = tmp_path / "private.toml"
+    toml.write_text(f"""
+[model]
+name = "{tiny_model_dir}"
+device = "cpu"
+lora_rank = 1
+[data]
+task = "gsm8k"
+data_dir = "{folder}"
+n_slots = 40
+[privacy]
+epsilon = 8.0
+expected_batch = 4
+[train]
+steps = 1
+group_size = 2
+max_new_tokens = 4
+[tune]
+proxy = "arithmetic-2"
+eval_limit = 3
+eval_batch_size = 3
+[tune.grid]
+all = []
+ffa = ["model.lora_train=B", "train.learning_rate=3e-2"]
+""")
+    config, settings = load_tune(toml)
+    opened: list[str] = []
+    private = str(folder.resolve())
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], (str, bytes, Path)):
+            path = str(Path(args[0] if not isinstance(args[0], bytes) else args[0].decode()))
+            if path.startswith(private) or str(Path(path).resolve()).startswith(private):
+                opened.append(path)
+
+    sys.addaudithook(hook)  # cannot be removed: it only records, and only the private folder
+    result = run_tune(config, settings, tmp_path / "tune")
+    assert opened == []
+    data = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert data["privacy_cost"].startswith("zero") and data["n"] == 40
+    assert [p["name"] for p in data["points"]] == ["all", "ffa"]
+    assert data["chosen"] == result.chosen in ("all", "ffa")
+    all_, ffa = result.points
+    assert ffa.trainable_params < all_.trainable_params and ffa.sigma == all_.sigma
+    assert all_.epsilon == pytest.approx(8.0, abs=1e-3)
+    chosen = load_config(result.chosen_config)
+    assert (chosen.data.task, chosen.data.data_dir, chosen.data.n_slots) == ("gsm8k", str(folder), 40)
+    assert chosen.model.lora_train == ("B" if result.chosen == "ffa" else "all")
