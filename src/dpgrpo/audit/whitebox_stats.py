@@ -273,11 +273,19 @@ def calibration(rounds: np.ndarray, included: np.ndarray, *, sigma: float,
                        bool(off or not math.isfinite(mu)))
 
 
-def analytic(q: float, sigma: float, steps: int, delta: float) -> dict:
+def analytic(q: float, sigma: float, steps: int, delta: float, *,
+             bound_delta: float | None = None) -> dict:
     """What the certificate implies for the same observations: the white-box epsilon (PLD of
-    T subsampled Gaussians, the accountant's own figure) and the Gaussian statistic's mu."""
+    T subsampled Gaussians, the accountant's own figure) at the run's delta and at the one-run
+    bound's delta (what a lower bound at that delta is compared with), and the Gaussian
+    statistic's mu."""
     mu = q * math.sqrt(steps) / sigma
-    return {"whitebox_epsilon": pld_epsilon([RoundEvent(q, sigma, steps)], delta),
+    events = [RoundEvent(q, sigma, steps)]
+    at_delta = pld_epsilon(events, delta)
+    bound_delta = delta if bound_delta is None else bound_delta
+    return {"whitebox_epsilon": at_delta, "bound_delta": bound_delta,
+            "certified_epsilon_at_bound_delta": (at_delta if bound_delta == delta
+                                                 else pld_epsilon(events, bound_delta)),
             "statistic_mu": mu, "statistic_epsilon": gdp_epsilon(mu, delta)}
 
 
