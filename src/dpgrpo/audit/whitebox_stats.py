@@ -110,17 +110,23 @@ def _bound(scores: np.ndarray, included: np.ndarray, ks: tuple[int, int], delta:
                                    tol=tol), r, v
 
 
+def _simulated_audits(m: int, q: float, sigma: float, steps: int, trials: int, seed: int):
+    """``trials`` white-box audits of the certified mechanism simulated from public
+    parameters: (inclusion bits, Poisson coins of included canaries, likelihood-ratio scores)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(trials):
+        bits = rng.random(m) < 0.5
+        coins = (rng.random((steps, m)) < q) & bits
+        yield bits, coins, llr_scores(rng.standard_normal((steps, m)) + coins / sigma, q, sigma)
+
+
 @lru_cache(maxsize=16)
 def design(m: int, q: float, sigma: float, steps: int, delta: float, confidence: float = 0.95,
            trials: int = DESIGN_TRIALS, seed: int = 0) -> tuple[tuple[int, int], float]:
     """(k_plus, k_minus) fixed in advance, and the median bound it reaches, by simulating the
     certified mechanism's white-box scores (public parameters and a public seed only)."""
-    rng = np.random.default_rng(seed)
     table = {ks: [] for ks in _grid(m)}
-    for _ in range(trials):
-        bits = rng.random(m) < 0.5
-        coins = (rng.random((steps, m)) < q) & bits
-        scores = llr_scores(rng.standard_normal((steps, m)) + coins / sigma, q, sigma)
+    for bits, _, scores in _simulated_audits(m, q, sigma, steps, trials, seed):
         for ks in table:
             table[ks].append(_bound(scores, bits, ks, delta, confidence, tol=1e-3)[0])
     best = max(table, key=lambda ks: (float(np.median(table[ks])), -ks[0] - ks[1]))
@@ -175,13 +181,9 @@ def ceiling_design(m: int, q: float, sigma: float, steps: int, confidence: float
     (the optimal score for one canary) and the best k fixed in advance, the median of the most
     any count-based one-run bound could prove. Below 2 it shows that no such method reaches 2
     at this (m, q, sigma, T) without a mechanism that leaks more than certified."""
-    rng = np.random.default_rng(seed)
     table: dict[tuple[int, int], list[float]] = {ks: [] for ks in _grid(m)}
     oracle = []
-    for _ in range(trials):
-        bits = rng.random(m) < 0.5
-        coins = (rng.random((steps, m)) < q) & bits
-        scores = llr_scores(rng.standard_normal((steps, m)) + coins / sigma, q, sigma)
+    for bits, coins, scores in _simulated_audits(m, q, sigma, steps, trials, seed):
         for ks in table:
             r, v = count_correct(make_guesses(scores, k_plus=ks[0], k_minus=ks[1]), bits)
             table[ks].append(count_ceiling(r, v, confidence=confidence))
