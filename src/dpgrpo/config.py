@@ -99,10 +99,12 @@ class DataConfig:
     skip_invalid: bool = False  # skip invalid records instead of stopping; n does not shrink
     # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
     # the source file's raw row count with invalid rows as absent slots) (+ canaries).
+    # Required with privacy_unit = "contributor" (the contributor count is private; issue 32).
     n_slots: int | None = None
     # The unit of privacy (dpgrpo.privacy.contributors): "prompt" (one problem with its
-    # reference answer) or "contributor" (all problems of one contributor: n counts contributor
-    # slots, and a sampled contributor uses at most per_contributor of its problems per round).
+    # reference answer) or "contributor" (all problems of one contributor: n = data.n_slots
+    # contributor slots, and a sampled contributor uses at most per_contributor of its problems
+    # per round).
     privacy_unit: str = "prompt"
     contributors: str | None = None  # mapping file problem id -> contributor (.jsonl or .csv)
     per_contributor: int = 4  # k (public): problems of a sampled contributor used per round
@@ -124,6 +126,12 @@ class DataConfig:
                 "contributors' records (and pull in a new one), which the one-contributor "
                 "epsilon does not cover; remove data.limit, give only the problems to train on, "
                 "and fix n with data.n_slots")
+        if self.privacy_unit == "contributor" and self.n_slots is None:
+            raise ConfigError(
+                "data.privacy_unit = 'contributor' needs data.n_slots, the public number of "
+                "contributor slots n: counting the contributors in the data or the mapping file "
+                "would make n depend on the private data (n must be public, assumption A1); set "
+                "data.n_slots to a public upper bound on the contributors (+ canaries)")
         if self.contributors is not None and self.privacy_unit != "contributor":
             raise ConfigError("data.contributors maps problems to contributors for "
                               "data.privacy_unit = 'contributor'; set that too, or remove it")
@@ -374,20 +382,28 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a TOML file (or the defaults) and apply ``section.key=value`` overrides."""
+    """Load a TOML file (or the defaults) with ``section.key=value`` overrides merged in.
+
+    The file and the overrides are validated together, once: a key the file lacks may come
+    from an override (e.g. ``data.n_slots`` for a contributor-level file).
+    """
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
     data.pop("study", None)     # settings of `dpgrpo study`; likewise
     data.pop("tune", None)      # settings of `dpgrpo tune` (dpgrpo.experiments.tune)
-    config = config_from_dict(data, source=str(path or "defaults"))
-    return apply_overrides(config, overrides or [])
+    return config_from_dict(_merge(data, overrides or []), source=str(path or "defaults"))
 
 
-def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply ``section.key=value`` strings, each parsed to the field's type (a later one wins).
+def _merge(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """TOML sections with the overrides merged in, so that both are validated together."""
+    for section, values in _parse_overrides(list(overrides)).items():
+        if isinstance(data.setdefault(section, {}), dict):  # else config_from_dict says so
+            data[section].update(values)
+    return data
 
-    The result is validated once, so the order of the overrides does not matter.
-    """
+
+def _parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
+    """``section.key=value`` strings as section -> key -> typed value (a later one wins)."""
     changes: dict[str, dict[str, Any]] = {}
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
@@ -397,6 +413,15 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
         if section not in _CLASSES:
             raise ConfigError(f"unknown section '{section}' in override {item!r}")
         changes.setdefault(section, {})[key] = _coerce(section, key, value.strip())
+    return changes
+
+
+def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply ``section.key=value`` strings, each parsed to the field's type (a later one wins).
+
+    The result is validated once, so the order of the overrides does not matter.
+    """
+    changes = _parse_overrides(overrides)
     if not changes:
         return config
     return replace(config, **{section: replace(getattr(config, section), **values)
@@ -453,4 +478,4 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
     data.pop("tune", None)      # settings of `dpgrpo tune`
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [protocol] must be a table")
-    return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table
+    return config_from_dict(_merge(data, overrides), source=str(path)), table
