@@ -25,10 +25,11 @@ from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_
 from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.rollout import RolloutEngine, make_engine
 
-#: objective name of the arm table -> the objective, from the train table
-OBJECTIVES: dict[str, Callable[[TrainConfig], Objective]] = {
-    "grpo": lambda train: GRPOObjective(beta=train.beta),
-    "sft": lambda train: SFTObjective(),
+#: objective name of the arm table -> the objective, from the train table and the public cap
+OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
+    "grpo": lambda train, cap: GRPOObjective(beta=train.beta, loss_type=train.loss_type,
+                                             max_completion_length=cap),
+    "sft": lambda train, cap: SFTObjective(),
 }
 
 
@@ -77,12 +78,14 @@ class Arm:
             return build_filtered_sft_batch(rollouts, rewards), info
         shuffle = (coins.uniforms("shuffle", self.train.group_size)
                    if coins is not None and self.spec.advantage == "shuffled" else None)
-        adv = compute_advantages(rewards, self.spec.advantage, generator=generator, coins=shuffle)
+        adv = compute_advantages(rewards, self.spec.advantage, generator=generator, coins=shuffle,
+                                 scale=self.train.scale_rewards == "group")
         ref = (reference_logprobs(self.model, rollouts,
                                   batch_size=self.train.rows_per_pass(self.cap))
                if self.train.beta > 0 else None)
         self.laps.mark("reference")
-        return build_grpo_batch(rollouts, rewards, adv, ref), info
+        return build_grpo_batch(rollouts, rewards, adv, ref,
+                                mask_truncated=self.train.mask_truncated_completions), info
 
     def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator | None,
                   seeds: list[int] | None) -> tuple[Any, torch.Tensor]:
@@ -91,7 +94,8 @@ class Arm:
         rollouts = self.engine.generate(  # filtered SFT samples from the public base policy
             messages, group_size=g, temperature=self.train.temperature,
             max_new_tokens=self.cap, seeds=seeds, generator=generator,
-            use_adapter=not self.spec.base_rollouts)
+            use_adapter=not self.spec.base_rollouts, top_p=self.train.top_p,
+            repetition_penalty=self.train.repetition_penalty)
         rewards = torch.tensor([[task.reward(text, problem) for text in texts]
                                 for (task, problem), texts in zip(records, rollouts.texts)],
                                dtype=torch.float32).reshape(len(records), g)
@@ -129,8 +133,8 @@ def make_arm(config: RunConfig, policy: Any, task: Any) -> Arm:
                            rows_per_call=train.rollout_rows(cap), model_name=config.model.name,
                            dtype=config.model.dtype, **train.engine_options())
 
-    return Arm(spec, OBJECTIVES[spec.objective](train), policy.model, policy.tokenizer, train,
-               cap, new_engine)
+    return Arm(spec, OBJECTIVES[spec.objective](train, cap), policy.model, policy.tokenizer,
+               train, cap, new_engine)
 
 
 __all__ = ["Arm", "OBJECTIVES", "make_arm"]
