@@ -24,6 +24,7 @@ from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_gold_sft_batch
 from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.rollout import RolloutEngine, make_engine
+from dpgrpo.rollout.batch import completion_ids
 
 #: objective name of the arm table -> the objective, from the train table and the public cap
 OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
@@ -96,8 +97,8 @@ class Arm:
             max_new_tokens=self.cap, seeds=seeds, generator=generator,
             use_adapter=not self.spec.base_rollouts, top_p=self.train.top_p,
             repetition_penalty=self.train.repetition_penalty)
-        rewards = torch.tensor([[task.reward(text, problem) for text in texts]
-                                for (task, problem), texts in zip(records, rollouts.texts)],
+        rewards = torch.tensor([_prompt_rewards(task, problem, rollouts, i)
+                                for i, (task, problem) in enumerate(records)],
                                dtype=torch.float32).reshape(len(records), g)
         return rollouts, rewards
 
@@ -107,6 +108,16 @@ class Arm:
         batch = build_gold_sft_batch(self.tokenizer, messages, targets)
         return batch, {"target_tokens_mean": float(batch.loss_mask.sum(1).float().mean())
                        if records else 0.0}
+
+
+def _prompt_rewards(task: Any, problem: Any, rollouts: Any, i: int) -> list[float]:
+    """Prompt ``i``'s G rewards from its own completions only: a task with ``group_rewards``
+    (one prompt's group in one call: TRL-style reward functions) or one ``reward`` call each."""
+    texts = rollouts.texts[i]
+    group = getattr(task, "group_rewards", None)
+    if group is None:
+        return [task.reward(text, problem) for text in texts]
+    return group(texts, problem, completion_ids(rollouts, i))
 
 
 def _info(rollouts: Any, rewards: torch.Tensor) -> dict[str, float]:
