@@ -40,7 +40,8 @@ REUSE = ("several optimizer steps on one sampled batch would release that batch'
 @dataclass(frozen=True)
 class TRLSettings(Mapping[str, Any]):
     """What :func:`from_trl_config` found: dpgrpo ``overrides`` (``"train.beta": 0.04``, ...),
-    the ``reward_weights`` and the notes on options accepted without effect.
+    the ``reward_weights`` and ``notes`` on options accepted without effect or mapped with a
+    caveat.
 
     A mapping of :func:`dpgrpo.train`'s keyword arguments (``overrides`` and, when set,
     ``reward_weights``), so ``dpgrpo.train(..., **settings)`` applies it.
