@@ -167,3 +167,14 @@ def test_problem_records_and_canaries_give_their_fields_as_columns():
     assert task.group_rewards(["x"], outsider) == [1.0]
     assert seen["answer"] == ["9"] and seen["id"] == ["canary-1"] and "question" not in seen
     assert torch.tensor(task.group_rewards(["x", "y"], outsider)).shape == (2,)
+
+
+def test_a_conversational_prompt_round_trips_in_predictions():
+    from dpgrpo.evaluation.predictions import Prediction
+    from dpgrpo.tasks import Verdict
+
+    row = Prediction("a", "4", 1, False, {"strict": Verdict(True, "4")}, prompt=CHAT).to_json()
+    back = Prediction.from_json(row, "predictions.jsonl", 1)
+    assert back.prompt == CHAT
+    with pytest.raises(DataError, match="field 'prompt': expected a string or a conversation"):
+        Prediction.from_json({**row, "prompt": 3}, "predictions.jsonl", 1)
