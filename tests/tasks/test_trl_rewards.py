@@ -149,7 +149,8 @@ def test_a_trl_reward_must_return_one_value_per_completion():
     (problem,) = task.load_split("train").problems
     with pytest.raises(ConfigError, match="returned 2 values for one prompt's 3 completions"):
         task.group_rewards(["a", "b", "c"], problem)
-    nan = make_task([{"prompt": "x"}], lambda completions, **kw: [math.nan, math.inf, None])
+    nan = make_task([{"prompt": "x"}], [lambda completions, **kw: [math.nan, math.inf, None],
+                                        lambda completion, problem: None])
     assert nan.group_rewards(["a", "b", "c"], problem) == [0.0, 0.0, 0.0]
 
 

@@ -93,7 +93,7 @@ class RewardTask(VerifiedTask):
             if isinstance(fn, TRLReward):
                 values = fn(self.prompt(problem), responses, record, completion_ids)
             else:
-                values = [float(fn(response, record)) for response in responses]
+                values = [_number(fn(response, record)) for response in responses]
             for j, value in enumerate(values):
                 totals[j] += weight * value if math.isfinite(value) else 0.0
         return totals
@@ -113,6 +113,11 @@ class RewardTask(VerifiedTask):
             return self.verify(response, problem)
 
         return {"strict": strict}
+
+
+def _number(value: Any) -> float:
+    """A reward value as a float; None ("does not apply") as NaN, which then counts 0.0."""
+    return math.nan if value is None else float(value)
 
 
 def _text(row: Mapping[str, Any], keys: Sequence[str], where: str, line: int) -> str | None:
