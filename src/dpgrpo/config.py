@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 from dpgrpo.arm_table import arm_spec
 from dpgrpo.errors import ConfigError
+from dpgrpo.loss_table import LOSS_TYPES, SCALE_REWARDS, refuse
 
 MAX_GROUP_SIZE = 8
 #: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
@@ -36,8 +37,6 @@ INIT_KEEP = {
          "at the base model and, with lora_train = 'B', learns inside the public run's input "
          "projections (a public subspace, as in GEP and FFA-LoRA)",
 }
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     """The public base model and the LoRA adapter (paper, Appendix C-A)."""
@@ -174,8 +173,19 @@ class TrainConfig:
     steps: int = 50  # T rounds
     group_size: int = 8  # G
     temperature: float = 0.7
+    # Sampler (dpgrpo.rollout.sampling, both engines): nucleus filtering and CTRL's repetition
+    # penalty on the prompt and the completion so far, in transformers' order. 1.0: off.
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
     max_new_tokens: int | None = None  # default: the task's completion cap
     beta: float = 0.04
+    # The per-prompt loss's token normaliser (LOSS_TYPES) and the advantages' scale
+    # (SCALE_REWARDS); Dr. GRPO is loss_type = "dr_grpo" with scale_rewards = "none".
+    loss_type: str = "grpo"
+    scale_rewards: str = "group"
+    # Leave completions that hit the cap (no EOS) out of the loss (DAPO's overlong masking):
+    # a per-row rule on the prompt's own rollouts; their rewards still enter the group's mean.
+    mask_truncated_completions: bool = False
     learning_rate: float = 3e-4
     weight_decay: float = 0.0
     # "auto": the fast LoRA-hook path, or the reference path under gradient checkpointing
@@ -236,6 +246,13 @@ class TrainConfig:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
         if self.beta < 0 or self.temperature < 0:
             raise ConfigError("train.beta and train.temperature must be >= 0")
+        if not (0.0 < self.top_p <= 1.0 and self.repetition_penalty > 0.0):
+            raise ConfigError("train.top_p must lie in (0, 1] and train.repetition_penalty be "
+                              f"> 0, got {self.top_p} and {self.repetition_penalty}")
+        if self.loss_type not in LOSS_TYPES:
+            refuse("loss_type", self.loss_type, LOSS_TYPES)
+        if self.scale_rewards not in SCALE_REWARDS:
+            refuse("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         if spec.normalizes_groups and self.group_size < 2:
             raise ConfigError(f"train.group_size = {self.group_size} with arm {self.arm!r}: GRPO "
                               "normalizes rewards within each prompt's group of G completions, "
