@@ -139,6 +139,32 @@ def test_init_adapter_loads_every_weight_or_refuses(tok, tmp_path):
                     LoraSettings(init_adapter=str(tmp_path / "nowhere")))
 
 
+def test_keeping_the_public_a_starts_at_the_base_model(tok, tmp_path):
+    """init_adapter_keep = "A": every lora_A weight is the public adapter's, every lora_B is
+    zero, so the warm-started model computes exactly what the base model does; with
+    lora_train = "B" only lora_B trains, inside the public projections."""
+    saved = _save_adapter(tok, tmp_path / "public", seed=3)
+    source = {n: p.detach().clone() for n, p in adapter_parameters(_policy(tok, seed=3)).items()}
+    warm = attach_lora(build_tiny_model(tok, dtype="float64"),
+                       LoraSettings(dropout=0.0, train="B", init_adapter=str(saved),
+                                    init_keep="A"))
+    for name, p in adapter_parameters(warm).items():
+        if ".lora_A." in name:
+            assert torch.equal(p.detach(), source[name]) and p.abs().sum() > 0, name
+        else:
+            assert not p.detach().any(), name
+    assert all("lora_B" in n for n in trainable_parameters(warm))
+    ids = torch.tensor([[1, 5, 9, 12, 3]])
+    with torch.no_grad():
+        logits = warm(input_ids=ids).logits
+        with warm.disable_adapter():
+            assert torch.equal(logits, warm(input_ids=ids).logits)
+    with pytest.raises(ConfigError, match="init_adapter_keep must be one of"):
+        ModelConfig(init_adapter=str(saved), init_adapter_keep="B")
+    with pytest.raises(ConfigError, match="set model.init_adapter"):
+        ModelConfig(init_adapter_keep="A")
+
+
 def test_config_checks_the_adapter_options():
     with pytest.raises(ConfigError, match="lora_train must be one of"):
         ModelConfig(lora_train="A")

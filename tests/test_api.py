@@ -239,3 +239,32 @@ def test_cli_trains_and_evaluates_a_custom_task(task_module, tiny_model_dir, tmp
     assert {k: again[k] for k in ("task", "model", "arm", "n")} == {
         k: summary[k] for k in ("task", "model", "arm", "n")}
     assert again["adapter"] == str(run / "release")
+
+
+def test_a_trl_script_ports_in_one_line(tiny_lm, tmp_path):
+    """A TRL-shaped dataset (conversational prompts, extra columns), a TRL reward function and
+    TRL's option names train through dpgrpo.train(**dpgrpo.from_trl_config(...))."""
+    datasets = pytest.importorskip("datasets")
+    model, tokenizer = tiny_lm
+    ds = datasets.Dataset.from_list([
+        {"prompt": [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": f"{i} + 1?"}], "solution": str(i + 1)}
+        for i in range(6)])
+    groups = []
+
+    def accuracy(prompts, completions, solution, **kwargs):
+        groups.append((len(completions), len(set(map(str, prompts))), len(set(solution))))
+        return [float(s in c[0]["content"]) for c, s in zip(completions, solution)]
+
+    trl_args = {"num_generations": 2, "max_completion_length": 4, "loss_type": "dr_grpo",
+                "scale_rewards": False, "beta": 0.0, "max_steps": 1,
+                "per_device_train_batch_size": 4, "mask_truncated_completions": True}
+    result = dpgrpo.train(model=model, tokenizer=tokenizer, model_name="tiny/trl", problems=ds,
+                          rewards=accuracy, n_slots=6, out=tmp_path / "run",
+                          **dpgrpo.from_trl_config(trl_args, overrides={
+                              "model.device": "cpu", "privacy.noise_multiplier": 1.0}))
+    cert = result.certificate
+    assert cert["rounds_charged"] == 1 and cert["n"] == 6 and cert["q"] == 2 / 6
+    config = json.loads((tmp_path / "run" / "release" / "dpgrpo_config.json").read_text())
+    assert (config["train"]["loss_type"], config["train"]["scale_rewards"]) == ("dr_grpo", "none")
+    assert all(g == (2, 1, 1) for g in groups)          # one prompt's 2 completions per call

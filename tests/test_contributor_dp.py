@@ -152,6 +152,32 @@ def test_contributor_mode_refuses_problem_level_truncation():
     assert ok.data.limit is None and ok.data.n_slots == 8
 
 
+def test_contributor_mode_without_n_slots_is_refused_before_the_run(tmp_path):
+    """Issue 32: n taken from the mapping file (the count of contributors in the private data)
+    is data-dependent, so private. Contributor mode needs the public data.n_slots, refused at
+    config time: from overrides, from a TOML file, and by `dpgrpo train` before a run
+    directory (and so any ledger or charge) exists."""
+    from typer.testing import CliRunner
+
+    from dpgrpo.cli import app
+    from dpgrpo.config import load_config
+    from dpgrpo.errors import ConfigError
+
+    message = r"data.privacy_unit = 'contributor' needs data.n_slots.*n must be public"
+    with pytest.raises(ConfigError, match=message):
+        apply_overrides(embedded_default(), ["data.privacy_unit=contributor",
+                                             "data.contributors=map.csv"])
+    toml = tmp_path / "people.toml"
+    toml.write_text('[data]\nprivacy_unit = "contributor"\ncontributors = "map.csv"\n')
+    with pytest.raises(ConfigError, match=message):
+        load_config(toml)
+    assert load_config(toml, ["data.n_slots=40"]).data.n_slots == 40
+    run = tmp_path / "x" / "run"
+    result = CliRunner().invoke(app, ["train", str(toml), "-o", str(run), "--quiet"])
+    assert result.exit_code != 0 and "needs data.n_slots" in str(result.exception)
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_contributor_record_is_clipped_at_c_in_the_trainer(tiny_model_dir, tmp_path,
                                                              monkeypatch):
     """Mutation guard: contributor records clipped at k*C with sigma divided by k keep the

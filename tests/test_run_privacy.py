@@ -39,7 +39,7 @@ NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2
                "relation", "group", "method", "basis", "meaningful", "gradients", "rollouts",
                "rollout_mode", "rollout_engine", "verifier",
                "lora_train", "trains", "lora_rank", "lora_bias", "target_modules", "lora_layers",
-               "init_adapter", "path", "sha256", "public_input",
+               "init_adapter", "path", "sha256", "keep", "public_input",
                "adapter_model.safetensors", "adapter_config.json"}
 
 

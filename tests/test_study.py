@@ -59,7 +59,7 @@ audit_permutations = 3
 KEYS = {"nonprivate_gain_pp", "nonprivate_gain_ci", "dp_vs_control_pp", "dp_vs_control_ci",
         "dp_vs_control_mde", "noise_to_signal", "audit_leaky_auc", "audit_leaky_auc_ci",
         "audit_dp_auc", "audit_dp_auc_ci", "canary_eps_lower_bound", "certified_eps",
-        "whitebox_eps_lower_bound", "whitebox_flagged", "wall_seconds"}
+        "whitebox_eps_lower_bound", "whitebox_count_ceiling", "whitebox_flagged", "wall_seconds"}
 
 
 def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -104,6 +104,7 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     # the white-box mechanism audit at the DP-GRPO run's certificate passes the real mechanism
     assert record["whitebox_flagged"] is False and "White-box mechanism audit" in page
     assert 0.0 <= record["whitebox_eps_lower_bound"] <= record["dp_grpo_certified_eps"]
+    assert record["whitebox_eps_lower_bound"] <= record["whitebox_count_ceiling"] + 1e-3
     assert any(p.name.startswith("cpu-study-") and p.suffix == ".png" for p in results.iterdir())
     steps = [r["step"] for r in record["details"]["steps"]]
     assert len(steps) >= 9 and all(r["peak_rss_bytes"] > 0 for r in record["details"]["steps"])

@@ -10,8 +10,10 @@ The top-level API (docs: :mod:`dpgrpo.api`)::
 
 * :func:`train` runs Algorithm 1 on a config, a built-in task, or your own ``problems`` (a
   list of dicts or :class:`~dpgrpo.tasks.Problem`, or a ``datasets.Dataset``) with reward
-  functions ``(completion, problem) -> float``, on a model name or a model object;
+  functions ``(completion, problem) -> float`` or TRL's, on a model name or a model object;
 * :func:`evaluate` is ``dpgrpo eval``; :func:`make_task` builds a task from problems and rewards;
+* coming from TRL (docs/coming-from-trl.md): ``prompt``-column datasets, TRL reward functions
+  (:func:`trl_reward`) and :func:`from_trl_config` for a ``GRPOConfig``'s options;
 * :class:`RunConfig` and its sections (:class:`ModelConfig`, :class:`DataConfig`,
   :class:`PrivacyConfig`, :class:`TrainConfig`, :class:`AuditConfig`), :func:`load_config`,
   :func:`embedded_default`; :class:`TrainResult`; the errors.
@@ -48,7 +50,9 @@ from dpgrpo.errors import (  # noqa: E402
 _LAZY = {"train": "dpgrpo.api", "evaluate": "dpgrpo.api", "prepare": "dpgrpo.api",
          "TrainResult": "dpgrpo.trainer", "make_task": "dpgrpo.tasks.custom",
          "RewardTask": "dpgrpo.tasks.custom", "Problem": "dpgrpo.tasks.base",
-         "get_task": "dpgrpo.tasks", "push_release": "dpgrpo.release"}
+         "get_task": "dpgrpo.tasks", "push_release": "dpgrpo.release",
+         "from_trl_config": "dpgrpo.trl_options", "TRLSettings": "dpgrpo.trl_options",
+         "trl_reward": "dpgrpo.tasks.trl_rewards"}
 
 
 def __getattr__(name: str) -> Any:
@@ -65,8 +69,8 @@ __all__ = [
     "__version__",
     "AuditConfig", "DataConfig", "ModelConfig", "PrivacyConfig", "RunConfig", "TrainConfig",
     "embedded_default", "load_config",
-    "Problem", "RewardTask", "TrainResult", "evaluate", "get_task", "make_task", "prepare",
-    "push_release", "train",
+    "Problem", "RewardTask", "TRLSettings", "TrainResult", "evaluate", "from_trl_config",
+    "get_task", "make_task", "prepare", "push_release", "train", "trl_reward",
     "ConfigError", "DataError", "DPGRPOError", "PrivacyBudgetError", "PrivacyError",
     "ReleaseError",
 ]

@@ -1,7 +1,8 @@
 """The Python API: :func:`train` and :func:`evaluate` (``from dpgrpo import train``).
 
-Train on your own problems with your own reward functions (TRL's reward-callable convention,
-``reward(completion, problem) -> float``; several are summed)::
+Train on your own problems with your own reward functions (``reward(completion, problem) ->
+float``, or TRL's ``reward(prompts, completions, **columns) -> list[float]``, called per prompt;
+several are summed)::
 
     import dpgrpo
 
@@ -18,13 +19,19 @@ Train on your own problems with your own reward functions (TRL's reward-callable
 The problems and rewards become one :class:`~dpgrpo.tasks.custom.RewardTask`, registered by
 name, so the trainer runs the same single loop (Algorithm 1) as for the built-in benchmarks.
 
+**Coming from TRL** (docs/coming-from-trl.md): a dataset with TRL's ``prompt`` column (text or
+conversational) and TRL reward functions work as they are, and ``**dpgrpo.from_trl_config(
+GRPOConfig(...))`` maps a TRL config's options (or refuses, with the reason, those that cannot
+hold under prompt-level DP).
+
 **Public n.** The number of public slots n enters q = m / n and epsilon; the length of a
 private list is itself private. Pass ``n_slots``: ``len(problems)`` only if the list is public,
 else a public upper bound (slots beyond the list are absent records). A run without
 ``n_slots`` (or ``data.limit``) is refused.
 
 **Privacy of reward functions.** A reward function is public code and must depend only on its
-own ``(completion, problem)``; state shared between calls would carry one problem into another
+own call's arguments (one completion and its problem; for a TRL function, one prompt's G
+completions and columns); state shared between calls would carry one problem into another
 prompt's gradient. A reward that is not a finite number counts as 0.0; one that raises ends the
 run (a crash that can depend on the data: make rewards total).
 """
@@ -42,7 +49,7 @@ from dpgrpo.config import load_config
 from dpgrpo.errors import ConfigError
 
 Overrides = Mapping[str, Any] | Sequence[str] | None
-RewardFn = Callable[[str, Any], float]  # TRL's reward-callable convention, one completion
+RewardFn = Callable[..., Any]  # (completion, problem) -> float, or TRL's (dpgrpo.tasks.custom)
 
 
 def _config(config: RunConfig | str | Path | Mapping[str, Any] | None) -> RunConfig:

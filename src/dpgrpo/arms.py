@@ -24,11 +24,13 @@ from dpgrpo.objectives.grpo import reference_logprobs
 from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_gold_sft_batch
 from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.rollout import RolloutEngine, make_engine
+from dpgrpo.rollout.batch import completion_ids
 
-#: objective name of the arm table -> the objective, from the train table
-OBJECTIVES: dict[str, Callable[[TrainConfig], Objective]] = {
-    "grpo": lambda train: GRPOObjective(beta=train.beta),
-    "sft": lambda train: SFTObjective(),
+#: objective name of the arm table -> the objective, from the train table and the public cap
+OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
+    "grpo": lambda train, cap: GRPOObjective(beta=train.beta, loss_type=train.loss_type,
+                                             max_completion_length=cap),
+    "sft": lambda train, cap: SFTObjective(),
 }
 
 
@@ -77,12 +79,14 @@ class Arm:
             return build_filtered_sft_batch(rollouts, rewards), info
         shuffle = (coins.uniforms("shuffle", self.train.group_size)
                    if coins is not None and self.spec.advantage == "shuffled" else None)
-        adv = compute_advantages(rewards, self.spec.advantage, generator=generator, coins=shuffle)
+        adv = compute_advantages(rewards, self.spec.advantage, generator=generator, coins=shuffle,
+                                 scale=self.train.scale_rewards == "group")
         ref = (reference_logprobs(self.model, rollouts,
                                   batch_size=self.train.rows_per_pass(self.cap))
                if self.train.beta > 0 else None)
         self.laps.mark("reference")
-        return build_grpo_batch(rollouts, rewards, adv, ref), info
+        return build_grpo_batch(rollouts, rewards, adv, ref,
+                                mask_truncated=self.train.mask_truncated_completions), info
 
     def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator | None,
                   seeds: list[int] | None) -> tuple[Any, torch.Tensor]:
@@ -91,9 +95,10 @@ class Arm:
         rollouts = self.engine.generate(  # filtered SFT samples from the public base policy
             messages, group_size=g, temperature=self.train.temperature,
             max_new_tokens=self.cap, seeds=seeds, generator=generator,
-            use_adapter=not self.spec.base_rollouts)
-        rewards = torch.tensor([[task.reward(text, problem) for text in texts]
-                                for (task, problem), texts in zip(records, rollouts.texts)],
+            use_adapter=not self.spec.base_rollouts, top_p=self.train.top_p,
+            repetition_penalty=self.train.repetition_penalty)
+        rewards = torch.tensor([_prompt_rewards(task, problem, rollouts, i)
+                                for i, (task, problem) in enumerate(records)],
                                dtype=torch.float32).reshape(len(records), g)
         return rollouts, rewards
 
@@ -103,6 +108,16 @@ class Arm:
         batch = build_gold_sft_batch(self.tokenizer, messages, targets)
         return batch, {"target_tokens_mean": float(batch.loss_mask.sum(1).float().mean())
                        if records else 0.0}
+
+
+def _prompt_rewards(task: Any, problem: Any, rollouts: Any, i: int) -> list[float]:
+    """Prompt ``i``'s G rewards from its own completions only: a task with ``group_rewards``
+    (one prompt's group in one call: TRL-style reward functions) or one ``reward`` call each."""
+    texts = rollouts.texts[i]
+    group = getattr(task, "group_rewards", None)
+    if group is None:
+        return [task.reward(text, problem) for text in texts]
+    return group(texts, problem, completion_ids(rollouts, i))
 
 
 def _info(rollouts: Any, rewards: torch.Tensor) -> dict[str, float]:
@@ -129,8 +144,8 @@ def make_arm(config: RunConfig, policy: Any, task: Any) -> Arm:
                            rows_per_call=train.rollout_rows(cap), model_name=config.model.name,
                            dtype=config.model.dtype, **train.engine_options())
 
-    return Arm(spec, OBJECTIVES[spec.objective](train), policy.model, policy.tokenizer, train,
-               cap, new_engine)
+    return Arm(spec, OBJECTIVES[spec.objective](train, cap), policy.model, policy.tokenizer,
+               train, cap, new_engine)
 
 
 __all__ = ["Arm", "OBJECTIVES", "make_arm"]

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from dpgrpo.arm_table import arm_spec
 from dpgrpo.config_values import check_finite, parse_value, type_name
 from dpgrpo.errors import ConfigError, DPGRPOError
+from dpgrpo.loss_table import LOSS_TYPES, SCALE_REWARDS, refuse
 
 MAX_GROUP_SIZE = 8
 #: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
@@ -29,8 +30,13 @@ LORA_TRAIN = {
     "bias": "lora_B's bias only: one vector of d_out per module added to its output "
             "(a steering vector); lora_A and lora_B's weight frozen",
 }  # certificate group figures cost about k^2 seconds at every checkpoint
-
-
+#: model.init_adapter_keep -> which weights of the public warm start the run starts from
+INIT_KEEP = {
+    "all": "every weight of the warm start (the run starts at the warm-started model)",
+    "A": "the warm start's lora_A only; lora_B (and its bias) start at zero, so the run starts "
+         "at the base model and, with lora_train = 'B', learns inside the public run's input "
+         "projections (a public subspace, as in GEP and FFA-LoRA)",
+}
 @dataclass(frozen=True)
 class ModelConfig:
     """The public base model and the LoRA adapter (paper, Appendix C-A)."""
@@ -55,6 +61,8 @@ class ModelConfig:
     # A public adapter to start from (a folder with adapter_model.safetensors, e.g. the release/
     # of a run on public data). Public input: its path and sha256 go into the certificate.
     init_adapter: str | None = None
+    # Which of the warm start's weights to keep (INIT_KEEP): "all", or "A" (lora_B reset to 0).
+    init_adapter_keep: str = "all"
 
     def __post_init__(self) -> None:
         check_finite(self, "model")
@@ -62,6 +70,12 @@ class ModelConfig:
             raise ConfigError(f"model.lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"model.lora_dropout must lie in [0, 1), got {self.lora_dropout}")
+        if self.init_adapter_keep not in INIT_KEEP:
+            raise ConfigError(f"model.init_adapter_keep must be one of {', '.join(INIT_KEEP)}, "
+                              f"not {self.init_adapter_keep!r}")
+        if self.init_adapter_keep != "all" and self.init_adapter is None:
+            raise ConfigError("model.init_adapter_keep = 'A' keeps part of a warm start: set "
+                              "model.init_adapter to the public adapter's folder")
         if self.lora_train not in LORA_TRAIN:
             raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
                               f"not {self.lora_train!r}")
@@ -89,10 +103,12 @@ class DataConfig:
     skip_invalid: bool = False  # skip invalid records instead of stopping; n does not shrink
     # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
     # the source file's raw row count with invalid rows as absent slots) (+ canaries).
+    # Required with privacy_unit = "contributor" (the contributor count is private; issue 32).
     n_slots: int | None = None
     # The unit of privacy (dpgrpo.privacy.contributors): "prompt" (one problem with its
-    # reference answer) or "contributor" (all problems of one contributor: n counts contributor
-    # slots, and a sampled contributor uses at most per_contributor of its problems per round).
+    # reference answer) or "contributor" (all problems of one contributor: n = data.n_slots
+    # contributor slots, and a sampled contributor uses at most per_contributor of its problems
+    # per round).
     privacy_unit: str = "prompt"
     contributors: str | None = None  # mapping file problem id -> contributor (.jsonl or .csv)
     per_contributor: int = 4  # k (public): problems of a sampled contributor used per round
@@ -114,6 +130,12 @@ class DataConfig:
                 "contributors' records (and pull in a new one), which the one-contributor "
                 "epsilon does not cover; remove data.limit, give only the problems to train on, "
                 "and fix n with data.n_slots")
+        if self.privacy_unit == "contributor" and self.n_slots is None:
+            raise ConfigError(
+                "data.privacy_unit = 'contributor' needs data.n_slots, the public number of "
+                "contributor slots n: counting the contributors in the data or the mapping file "
+                "would make n depend on the private data (n must be public, assumption A1); set "
+                "data.n_slots to a public upper bound on the contributors (+ canaries)")
         if self.contributors is not None and self.privacy_unit != "contributor":
             raise ConfigError("data.contributors maps problems to contributors for "
                               "data.privacy_unit = 'contributor'; set that too, or remove it")
@@ -165,8 +187,19 @@ class TrainConfig:
     steps: int = 50  # T rounds
     group_size: int = 8  # G
     temperature: float = 0.7
+    # Sampler (dpgrpo.rollout.sampling, both engines): nucleus filtering and CTRL's repetition
+    # penalty on the prompt and the completion so far, in transformers' order. 1.0: off.
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
     max_new_tokens: int | None = None  # default: the task's completion cap
     beta: float = 0.04
+    # The per-prompt loss's token normaliser (LOSS_TYPES) and the advantages' scale
+    # (SCALE_REWARDS); Dr. GRPO is loss_type = "dr_grpo" with scale_rewards = "none".
+    loss_type: str = "grpo"
+    scale_rewards: str = "group"
+    # Leave completions that hit the cap (no EOS) out of the loss (DAPO's overlong masking):
+    # a per-row rule on the prompt's own rollouts; their rewards still enter the group's mean.
+    mask_truncated_completions: bool = False
     learning_rate: float = 3e-4
     weight_decay: float = 0.0
     # "auto": the fast LoRA-hook path, or the reference path under gradient checkpointing
@@ -236,6 +269,13 @@ class TrainConfig:
             raise ConfigError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"train.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (0.0 < self.top_p <= 1.0 and self.repetition_penalty > 0.0):
+            raise ConfigError("train.top_p must lie in (0, 1] and train.repetition_penalty be "
+                              f"> 0, got {self.top_p} and {self.repetition_penalty}")
+        if self.loss_type not in LOSS_TYPES:
+            refuse("loss_type", self.loss_type, LOSS_TYPES)
+        if self.scale_rewards not in SCALE_REWARDS:
+            refuse("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         if spec.normalizes_groups and self.group_size < 2:
             raise ConfigError(f"train.group_size = {self.group_size} with arm {self.arm!r}: GRPO "
                               "normalizes rewards within each prompt's group of G completions, "
@@ -372,20 +412,28 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a TOML file (or the defaults) and apply ``section.key=value`` overrides."""
+    """Load a TOML file (or the defaults) with ``section.key=value`` overrides merged in.
+
+    The file and the overrides are validated together, once: a key the file lacks may come
+    from an override (e.g. ``data.n_slots`` for a contributor-level file).
+    """
     data: dict[str, Any] = read_toml(path) if path is not None else {}
     data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
     data.pop("study", None)     # settings of `dpgrpo study`; likewise
     data.pop("tune", None)      # settings of `dpgrpo tune` (dpgrpo.experiments.tune)
-    config = config_from_dict(data, source=str(path or "defaults"))
-    return apply_overrides(config, overrides or [])
+    return config_from_dict(_merge(data, overrides or []), source=str(path or "defaults"))
 
 
-def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
-    """Apply ``section.key=value`` strings, each parsed to the field's type (a later one wins).
+def _merge(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """TOML sections with the overrides merged in, so that both are validated together."""
+    for section, values in _parse_overrides(list(overrides)).items():
+        if isinstance(data.setdefault(section, {}), dict):  # else config_from_dict says so
+            data[section].update(values)
+    return data
 
-    The result is validated once, so the order of the overrides does not matter.
-    """
+
+def _parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
+    """``section.key=value`` strings as section -> key -> typed value (a later one wins)."""
     changes: dict[str, dict[str, Any]] = {}
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
@@ -395,6 +443,15 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
         if section not in _CLASSES:
             raise ConfigError(f"unknown section '{section}' in override {item!r}")
         changes.setdefault(section, {})[key] = _coerce(section, key, value.strip(), text=True)
+    return changes
+
+
+def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply ``section.key=value`` strings, each parsed to the field's type (a later one wins).
+
+    The result is validated once, so the order of the overrides does not matter.
+    """
+    changes = _parse_overrides(overrides)
     if not changes:
         return config
     return replace(config, **{section: replace(getattr(config, section), **values)
@@ -451,4 +508,4 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
     data.pop("tune", None)      # settings of `dpgrpo tune`
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [protocol] must be a table")
-    return apply_overrides(config_from_dict(data, source=str(path)), list(overrides)), table
+    return config_from_dict(_merge(data, overrides), source=str(path)), table

@@ -77,6 +77,7 @@ class LoraSettings:
     train: str = "all"                      # config.LORA_TRAIN: which adapter weights train
     bias: bool = False                      # lora_B has a bias (PEFT's lora_bias)
     init_adapter: str | None = None         # public adapter folder to start from
+    init_keep: str = "all"                  # config.INIT_KEEP: "all" or "A" (lora_B zeroed)
 
     def __post_init__(self) -> None:
         if self.train not in LORA_TRAIN:
@@ -104,7 +105,7 @@ class LoraSettings:
         return cls(rank=model.lora_rank, alpha=model.lora_alpha, dropout=model.lora_dropout,
                    target_modules=tuple(model.target_modules), layers=model.lora_layers,
                    train=model.lora_train, bias=model.lora_bias,
-                   init_adapter=model.init_adapter)
+                   init_adapter=model.init_adapter, init_keep=model.init_adapter_keep)
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,7 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
     peft_model = get_peft_model(model, config)
     _keep_lora_precise(peft_model)
     if lora.init_adapter is not None:
-        load_init_adapter(peft_model, lora.init_adapter)
+        load_init_adapter(peft_model, lora.init_adapter, keep=lora.init_keep)
     freeze_adapter(peft_model, lora.train)
     return peft_model
 
@@ -440,8 +441,10 @@ def adapter_digest(path: str | Path) -> str:
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def load_init_adapter(model: Any, path: str | Path) -> None:
-    """Copy a saved public adapter's weights into ``model``'s fresh adapter, every one of them.
+def load_init_adapter(model: Any, path: str | Path, *, keep: str = "all") -> None:
+    """Copy a saved public adapter's weights into ``model``'s fresh adapter, every one of them;
+    with ``keep = "A"`` every lora_B weight and bias is then set to zero, so the model is the
+    base model again and only the public lora_A projections remain (config.INIT_KEEP).
 
     The saved adapter must have exactly this adapter's parameters and shapes (same rank,
     modules, layers and lora_bias): a partial warm start would leave part of the adapter at a
@@ -472,6 +475,11 @@ def load_init_adapter(model: Any, path: str | Path) -> None:
                           f"adapter of {len(before)} (unexpected {unexpected[:3]}, missing "
                           f"{missing[:3]}); use the same lora_rank, target_modules, lora_layers "
                           "and lora_bias as the run that saved it")
+    if keep == "A":
+        with torch.no_grad():
+            for name, param in adapter_parameters(model).items():
+                if ".lora_B." in name:
+                    param.zero_()
     _keep_lora_precise(model)
 
 

@@ -292,7 +292,7 @@ def adapter_statement(model: ModelConfig, coordinates: int,
     from dpgrpo.config import LORA_TRAIN
 
     init = None if model.init_adapter is None else {
-        "path": model.init_adapter, "sha256": init_sha256,
+        "path": model.init_adapter, "sha256": init_sha256, "keep": model.init_adapter_keep,
         "public_input": "a warm start is public input (assumption A1): it must have been "
                         "trained without this run's private data; the guarantee covers what "
                         "this run adds to it"}

@@ -584,6 +584,7 @@ def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:
     if not audit:
         return {}
     return {"whitebox_eps_lower_bound": audit["whitebox_bound"]["epsilon_lower_bound"],
+            "whitebox_count_ceiling": audit["whitebox_bound"].get("count_ceiling"),
             "whitebox_flagged": audit["flagged"]}
 
 

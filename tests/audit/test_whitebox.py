@@ -11,10 +11,12 @@ import pytest
 from scipy import stats
 
 from dpgrpo.audit.gradient_canaries import make_directions
-from dpgrpo.audit.mechanism_audit import audit_mechanism, detection, require_passed
+from dpgrpo.audit.mechanism_audit import (DEFAULT_CANARIES, audit_mechanism, detection,
+                                         require_passed)
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, simulate
-from dpgrpo.audit.whitebox_stats import (design, gaussian_fit, gdp_epsilon, llr_scores,
-                                         one_run_bound, sum_statistic)
+from dpgrpo.audit.one_run import lower_bound_from_counts
+from dpgrpo.audit.whitebox_stats import (ceiling_design, count_ceiling, design, gaussian_fit,
+                                         gdp_epsilon, llr_scores, one_run_bound, sum_statistic)
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
 #: The study's operating point (configs/cpu-study.toml): n 1,000, q 0.008, T 12, sigma 0.344.
@@ -30,6 +32,8 @@ def test_directions_are_orthonormal_dense_and_projected_by_one_transform():
     assert 0.35 < half.min() and half.max() < 0.65
     v = np.random.default_rng(0).standard_normal(512)
     assert np.abs(dirs.project(v) - m @ v).max() < 1e-12
+    some = [7, 0, 199]                                  # rows built on demand are the same
+    assert np.abs(dirs.gradients(some).double().numpy() - m[some]).max() < 1e-6
 
 
 def test_setup_refuses_what_the_audit_cannot_measure():
@@ -138,8 +142,10 @@ def test_study_step_audits_the_certificate_and_the_results_page_prints_it(tmp_pa
     from dpgrpo.study import _whitebox
 
     audit = _whitebox(_certificate(), tmp_path / "mechanism")
-    assert audit["setup"]["n"] == 200 and audit["setup"]["canaries"] == 200
-    assert audit["setup"]["coordinates"] == 256 and not audit["flagged"]
+    k = DEFAULT_CANARIES                                 # slots of their own beside the run's
+    assert audit["setup"]["n"] == 200 + k and audit["setup"]["canaries"] == k
+    assert audit["setup"]["coordinates"] == k and not audit["flagged"]
+    assert audit["analytic"]["bound_delta"] == pytest.approx(0.01 / k)
     assert audit["calibration"]["mu_certified"] == pytest.approx(math.sqrt(3) / 0.6)
     again = _whitebox(_certificate(sigma=0.1), tmp_path / "mechanism")   # resumable: reused
     assert again == json.loads((tmp_path / "mechanism" / "summary.json").read_text()) == audit
@@ -190,7 +196,9 @@ def test_setup_from_the_study_config():
                       ["privacy.noise_multiplier=0.3441"])
     setup = setup_from_config(cfg, n=1000, coordinates=19_584)
     assert setup.q == pytest.approx(0.008) and setup.sigma == 0.3441
-    assert setup.certified_epsilon == pytest.approx(8.0, abs=0.01) and setup.canaries == 1000
+    assert setup.certified_epsilon == pytest.approx(8.0, abs=0.01)
+    assert setup.canaries == DEFAULT_CANARIES and setup.n == 1000 + DEFAULT_CANARIES
+    assert setup.audit_mode().canaries == 1000 and setup.audit_mode().q == 1.0
     with pytest.raises(ConfigError, match="n_slots"):
         setup_from_config(cfg)
 
@@ -239,3 +247,41 @@ def test_end_to_end_mode_puts_canaries_among_real_gradients(tiny_model_dir, tmp_
                                    "200", "--no-calibrate", "--selection", "half", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["extra"]["mode"] == "end-to-end"
+
+
+def test_count_ceiling_is_randomized_response_and_caps_the_delta_bound():
+    # 46 of 46 correct: 0.05 ** (1/46) = 0.9370 = e^eps / (1 + e^eps), eps = ln(0.937/0.063)
+    p = 0.05 ** (1 / 46)
+    assert count_ceiling(46, 46) == pytest.approx(math.log(p / (1 - p)), abs=2e-4)  # 2.699
+    assert count_ceiling(10, 10) == pytest.approx(1.052, abs=1e-3)
+    assert count_ceiling(0, 0) == 0.0 and count_ceiling(20, 10) == 0.0
+    for r, v in [(21, 21), (40, 38), (46, 46)]:         # Steinke et al. at delta 1e-4, m 1,000
+        assert lower_bound_from_counts(1000, r, v, delta=1e-4, confidence=0.95) <= \
+            count_ceiling(r, v) + 1e-3
+    with pytest.raises(ValueError):
+        count_ceiling(3, 4)
+
+
+def test_no_count_based_bound_reaches_2_at_the_operating_point_but_half_sigma_does():
+    # The certified mechanism at n = K = 1,000, q 0.008, T 12 (public simulation, seeded): the
+    # most any count-based one-run bound can prove stays near 1 (10 of 10 correct is 1.05),
+    # below the oracle's 2.7; with sigma / 2 the ordinary (epsilon, delta) bound passes 2.
+    ok = ceiling_design(1000, 0.008, 0.344, 12, trials=4, seed=1)
+    assert ok.median < 1.5 and ok.maximum < 2.0 and 2.5 < ok.oracle_median < 2.9
+    (_, _), broken = design(1000, 0.008, 0.172, 12, 1e-4, trials=4, seed=1)
+    assert broken > 2.0
+
+
+def test_canaries_beside_the_run_prove_more_than_two_at_the_operating_point():
+    """16,000 canaries in slots of their own beside the study's 1,000 (same q, sigma, T, C):
+    the bound at delta' = 0.01/K passes 2 in the median of seeded audits and stays below what
+    the certificate claims at delta' (13.2), and the q = 1 mode still uses 1,000 canaries."""
+    k = DEFAULT_CANARIES
+    setup = AuditSetup(**(OPERATING | {"n": 1000 + k, "canaries": k, "coordinates": k}))
+    assert setup.bound_delta == pytest.approx(0.01 / k) and setup.audit_mode().n == 1000
+    audits = [audit_mechanism(setup, seed=s) for s in range(3)]
+    bounds = [a.whitebox_bound["epsilon_lower_bound"] for a in audits]
+    claimed = audits[0].analytic["certified_epsilon_at_bound_delta"]
+    assert np.median(bounds) >= 2.0 and max(bounds) < claimed
+    assert claimed == pytest.approx(13.2, abs=0.1) and not any(a.flagged for a in audits)
+    assert audits[0].analytic["design_median_bound"] >= 2.5

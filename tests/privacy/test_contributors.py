@@ -35,31 +35,29 @@ def _problems(n: int, owners: list[str] | None = None) -> list[Problem]:
 # --- public n ---------------------------------------------------------------------------------
 
 def test_contributor_slots_follow_the_public_n_rules():
-    count = contributor_slot_count(n_slots=None, limit=None, contributors=3,
-                                   source_contributors=5, canaries=2)
-    assert (count.n, count.source, count.records) == (7, "source contributors", 5)
-    assert contributor_slot_count(n_slots=None, limit=40, contributors=12,
-                                  source_contributors=99, canaries=2).n == 42
-    assert contributor_slot_count(n_slots=20, limit=40, contributors=12,
-                                  source_contributors=99, canaries=2).n == 20
+    count = contributor_slot_count(n_slots=20, contributors=12, canaries=2)
+    assert (count.n, count.source, count.records) == (20, "data.n_slots", 14)
     with pytest.raises(ConfigError, match="n_slots = 13 is smaller than the 14"):
-        contributor_slot_count(n_slots=13, limit=None, contributors=12, source_contributors=12,
-                               canaries=2)
+        contributor_slot_count(n_slots=13, contributors=12, canaries=2)
+    with pytest.raises(ConfigError, match="needs data.n_slots.*contributor count is private"):
+        contributor_slot_count(n_slots=None, contributors=12, canaries=2)
 
 
 def test_slot_layout_groups_problems_by_contributor_in_file_order(tmp_path):
     owners = ["ann", "bob", "ann", "cy", "bob", "ann", "dee"]
     loaded = LoadedSplit(_problems(7, owners), skipped=(DataError("bad"),))
-    data = SimpleNamespace(contributors=None, split="train", limit=None, n_slots=None)
+    data = SimpleNamespace(contributors=None, split="train", limit=None, n_slots=6)
     task = SimpleNamespace(name="t")
     slots, count = contributor_slots(data, task, loaded, canaries=1)
-    assert count.n == 4 + 1 + 1 and count.source == "source contributors"  # 4 + 1 invalid + canary
+    assert count.n == 6 and count.source == "data.n_slots"  # 4 contributors, 1 absent, canary
     assert [s.id for s in slots[:4]] == ["ann", "bob", "cy", "dee"] and slots[4] is None
+    assert len(slots) == 5  # the canary slot comes after
     assert [p.id for _, p in slots[0].problems] == ["p0", "p2", "p5"]
     assert all(t is task for s in slots[:4] for t, _ in s.problems)
-    limited, count = contributor_slots(SimpleNamespace(**{**vars(data), "limit": 3}), task,
-                                       loaded, canaries=0)
-    assert count.n == 3 and [s.id for s in limited[:2]] == ["ann", "bob"] and limited[2] is None
+    for bad, message in (({"n_slots": None}, "needs data.n_slots"),
+                         ({"limit": 3}, "data.limit is refused")):
+        with pytest.raises(ConfigError, match=message):
+            contributor_slots(SimpleNamespace(**{**vars(data), **bad}), task, loaded, canaries=0)
     canary = (task, Problem("canary-0", "q", "1"))
     assert as_contributors([canary, None]) == [Contributor("canary-0", (canary,)), None]
     assert unit_description("contributor", 3) == "one contributor (up to 3 problems per round)"
@@ -230,7 +228,7 @@ def test_config_keys_are_validated():
 
     cfg = apply_overrides(embedded_default(), ["data.privacy_unit=contributor",
                                                "data.contributors=map.csv",
-                                               "data.per_contributor=3"])
+                                               "data.per_contributor=3", "data.n_slots=50"])
     assert (cfg.data.privacy_unit, cfg.data.contributors, cfg.data.per_contributor) == (
         "contributor", "map.csv", 3)
     assert embedded_default().data.privacy_unit == "prompt"

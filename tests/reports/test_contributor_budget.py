@@ -34,7 +34,8 @@ def _config(mapping: Path, *extra: str):
 
 
 def test_contributor_slots_and_the_comparison(tmp_path):
-    cfg = _config(_mapping(tmp_path, per_person=2))  # 1,000 problems, 500 contributors
+    # 1,000 problems, 500 contributors; n is public (data.n_slots), never the mapping's count
+    cfg = _config(_mapping(tmp_path, per_person=2), "data.n_slots=500")
     assert count_slots(cfg) == 500
     with pytest.raises(ConfigError, match="data.limit = 40 with data.privacy_unit"):
         apply_overrides(cfg, ["data.limit=40"])  # a cut would couple contributors (issue 32)
@@ -57,7 +58,8 @@ def test_privacy_report_prints_the_contributor_comparison(tmp_path):
     mapping = _mapping(tmp_path, per_person=4)
     cfg = tmp_path / "people.toml"
     cfg.write_text(f'[data]\nprivacy_unit = "contributor"\ncontributors = "{mapping}"\n'
-                   "per_contributor = 2\n[privacy]\nnoise_multiplier = 0.9\nexpected_batch = 8\n"
+                   "per_contributor = 2\nn_slots = 250\n"
+                   "[privacy]\nnoise_multiplier = 0.9\nexpected_batch = 8\n"
                    "[train]\nsteps = 3\n")
     out = tmp_path / "budget.md"
     result = CliRunner().invoke(app, ["privacy", "report", str(cfg), "--out", str(out), "--json"])
@@ -91,7 +93,8 @@ def test_a_calibrated_comparison_targets_the_same_epsilon_at_the_same_delta(tmp_
     monkeypatch.setattr(accounting, "calibrate", fake_calibrate)
     cfg = apply_overrides(embedded_default(), [
         "data.privacy_unit=contributor", f"data.contributors={_mapping(tmp_path, 4)}",
-        "data.per_contributor=4", "privacy.expected_batch=8", "privacy.epsilon=4.0",
+        "data.per_contributor=4", "data.n_slots=250", "privacy.expected_batch=8",
+        "privacy.epsilon=4.0",
         "train.steps=3"])
     row = resolve_budget(cfg, "people")
     assert calls == [(250, 8, 3, 4.0, 1 / 2500), (1000, 8, 3, 4.0, 1 / 2500)]

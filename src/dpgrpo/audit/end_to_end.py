@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from dpgrpo.audit.canary import draw_inclusion
-from dpgrpo.audit.gradient_canaries import canary_gradients, make_directions
+from dpgrpo.audit.gradient_canaries import make_directions
 from dpgrpo.audit.whitebox import MECHANISMS, AuditSetup, Observation
 from dpgrpo.errors import ConfigError
 
@@ -76,8 +76,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
     params = trainable_parameters(run.model)
     names = list(params)
     dirs = make_directions(run.coordinates, canaries, seed=direction_seed)
-    rows_k = canary_gradients(run.coordinates, canaries, direction_seed) * (
-        canary_scale * run.clip_norm)
+    scale = canary_scale * run.clip_norm
     before = _flat({k: p.detach().clone() for k, p in params.items()}, names)
     arm, mech = make_arm(config, run.policy, run.task), MECHANISMS[mechanism]
     units = run.expected_batch / (run.sigma * run.clip_norm)
@@ -96,7 +95,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
             dropout_seeds=coins.seeds("dropout")), plan)
         present = [slot_of[int(s)] for s in sampled if int(s) in slot_of]
         present = [i for i in present if included[i]]
-        extra = _named_rows(rows_k[torch.tensor(present, dtype=torch.long)], params)
+        extra = _named_rows(dirs.gradients(present) * scale, params)
         grads = {k: torch.cat([grads[k], extra[k].to(grads[k].device)]) for k in names}
         update = mech(grads, clip_norm=run.clip_norm, noise_multiplier=run.sigma,
                       expected_batch=run.expected_batch, noise=run.noise)

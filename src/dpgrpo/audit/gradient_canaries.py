@@ -19,7 +19,6 @@ fast transform, ``<u_i, g> = (Q g)_{f_i}``, instead of K dot products. This need
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
@@ -51,6 +50,15 @@ class CanaryDirections:
                               f"{self.dimension} dimensions")
         return fft.dct(v * self.signs, type=2, norm="ortho")[self.rows]
 
+    def gradients(self, indices: np.ndarray | list[int]) -> torch.Tensor:
+        """The unit directions of canaries ``indices`` as an (len, d) fp32 tensor, built on
+        demand (K x d at once would take gigabytes at K ~ d ~ 20,000)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        eye = np.zeros((idx.size, self.dimension))
+        eye[np.arange(idx.size), self.rows[idx]] = 1.0
+        rows = fft.idct(eye, type=2, norm="ortho", axis=1) * self.signs
+        return torch.from_numpy(rows).float()
+
     def matrix(self) -> np.ndarray:
         """The (K, d) matrix whose rows are the unit directions (fp64)."""
         eye = np.zeros((self.count, self.dimension))
@@ -71,13 +79,4 @@ def make_directions(dimension: int, count: int, *, seed: int = 0) -> CanaryDirec
     return CanaryDirections(dimension, rows, signs)
 
 
-@lru_cache(maxsize=2)
-def canary_gradients(dimension: int, count: int, seed: int) -> torch.Tensor:
-    """The (K, d) unit canary directions as fp32 gradients (cached: public and reused).
-
-    fp32, as the trainer's LoRA gradients are; the mechanism clips in fp32 and sums in fp64.
-    """
-    return torch.from_numpy(make_directions(dimension, count, seed=seed).matrix()).float()
-
-
-__all__ = ["CanaryDirections", "canary_gradients", "make_directions"]
+__all__ = ["CanaryDirections", "make_directions"]

@@ -25,11 +25,14 @@ from typing import Any
 import numpy as np
 
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, Observation, simulate
-from dpgrpo.audit.whitebox_stats import (analytic, calibration, design, gaussian_fit,
-                                         llr_scores, one_run_bound, sum_statistic)
+from dpgrpo.audit.whitebox_stats import (analytic, calibration, count_ceiling, design,
+                                         gaussian_fit, llr_scores, one_run_bound, sum_statistic)
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
-DEFAULT_CANARIES = 1000
+#: Model-free audits put K canaries in K slots of their own beside the run's n (same q), so K
+#: is not limited by n; with the bound at delta' = 0.01/K (whitebox.BOUND_DELTA_MASS), about
+#: 16,000 canaries give the study's operating point a median bound of 2.8 (design simulation).
+DEFAULT_CANARIES = 16_000
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,11 @@ class MechanismAudit:
     @property
     def flagged(self) -> bool:
         """True when audit mode found the mechanism off its certificate, or a lower bound
-        exceeds the certified epsilon."""
+        exceeds what the certificate claims at the bound's delta."""
+        claimed = self.analytic.get("certified_epsilon_at_bound_delta", self.certified_epsilon)
         over = self.certified_epsilon is not None and max(
             self.whitebox_bound["epsilon_lower_bound"],
-            self.final_bound["epsilon_lower_bound"]) > self.certified_epsilon
+            self.final_bound["epsilon_lower_bound"]) > claimed
         return bool(over or (self.calibration or {}).get("flagged", False))
 
     def to_dict(self) -> dict:
@@ -64,16 +68,19 @@ class MechanismAudit:
 def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
             ) -> tuple[dict, dict, dict]:
     scores = llr_scores(obs.rounds, s.q, s.sigma)
+    delta = s.bound_delta
     info: dict[str, Any] = {}
     if selection == "design":
-        ks, expected = design(s.canaries, s.q, s.sigma, s.steps, s.delta, confidence)
+        ks, expected = design(s.canaries, s.q, s.sigma, s.steps, delta, confidence)
         info = {"design_median_bound": expected}
-        wb = one_run_bound(scores, obs.included, delta=s.delta, confidence=confidence,
+        wb = one_run_bound(scores, obs.included, delta=delta, confidence=confidence,
                            selection="design", ks=ks)
     else:
-        wb = one_run_bound(scores, obs.included, delta=s.delta, confidence=confidence)
-    final = one_run_bound(obs.final, obs.included, delta=s.delta, confidence=confidence)
-    return wb.to_dict(), final.to_dict(), info
+        wb = one_run_bound(scores, obs.included, delta=delta, confidence=confidence)
+    final = one_run_bound(obs.final, obs.included, delta=delta, confidence=confidence)
+    # the most any count-based one-run bound could prove from the same guesses (whitebox_stats)
+    ceiling = count_ceiling(wb.r, wb.v, confidence=confidence)
+    return wb.to_dict() | {"count_ceiling": ceiling}, final.to_dict(), info
 
 
 def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
@@ -87,7 +94,8 @@ def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
         whitebox_bound=wb, final_bound=final,
         whitebox_fit=gaussian_fit(sum_statistic(obs.rounds), obs.included, setup.delta).to_dict(),
         final_fit=gaussian_fit(obs.final, obs.included, setup.delta).to_dict(),
-        analytic=analytic(setup.q, setup.sigma, setup.steps, setup.delta) | info,
+        analytic=analytic(setup.q, setup.sigma, setup.steps, setup.delta,
+                          bound_delta=setup.bound_delta) | info,
         seconds=obs.seconds)
 
 
@@ -146,8 +154,8 @@ def setup_from_certificate(cert: dict, *, canaries: int | None = None, **overrid
     """The audit's public parameters from a run's certificate (release/certificate.json)."""
     if not cert.get("private", True) or not cert.get("sigma"):
         raise ConfigError("the certificate is not of a private run: nothing to audit")
-    n = int(cert["n"])
-    k = min(n, DEFAULT_CANARIES) if canaries is None else canaries
+    k = DEFAULT_CANARIES if canaries is None else canaries
+    n = int(cert["n"]) + k                  # the canaries' slots beside the run's own
     fields = dict(n=n, q=float(cert["q"]), steps=int(cert["steps"]), sigma=float(cert["sigma"]),
                   clip_norm=float(cert["clip_norm"]), delta=float(cert["delta"]),
                   coordinates=max(int(cert.get("trainable_coordinates") or 0), k),
@@ -172,8 +180,8 @@ def setup_from_config(config: Any, *, canaries: int | None = None, **overrides: 
     steps = config.train.steps
     sigma = p.noise_multiplier or calibrate(int(n), p.expected_batch, steps, p.epsilon,
                                             delta).sigma
-    k = min(n, DEFAULT_CANARIES) if canaries is None else canaries
-    fields = dict(n=int(n), q=q, steps=steps, sigma=float(sigma), clip_norm=p.clip_norm,
+    k = DEFAULT_CANARIES if canaries is None else canaries
+    fields = dict(n=int(n) + k, q=q, steps=steps, sigma=float(sigma), clip_norm=p.clip_norm,
                   delta=delta,
                   coordinates=max(k, 4096), canaries=k,
                   certified_epsilon=pld_epsilon([RoundEvent(q, float(sigma), steps)], delta),
@@ -215,9 +223,12 @@ def summary_lines(audit: MechanismAudit) -> str:
         f"{s['n']}, q = {s['q']:.4g}, T = {s['steps']}, sigma = {s['sigma']:.4g}, C = "
         f"{s['clip_norm']:.4g}, d = {s['coordinates']}, delta = {s['delta']:.3g}; certified "
         f"epsilon {cert}",
-        f"  one-run lower bound ({wb['confidence']:.0%}): white-box {wb['epsilon_lower_bound']:.3f}"
-        f" ({wb['v']}/{wb['r']} correct), final model {fb['epsilon_lower_bound']:.3f} "
-        f"({fb['v']}/{fb['r']})",
+        f"  one-run lower bound ({wb['confidence']:.0%}, at delta' = {a['bound_delta']:.2g}, where "
+        f"the certificate claims epsilon {a['certified_epsilon_at_bound_delta']:.3f}): white-box "
+        f"{wb['epsilon_lower_bound']:.3f}"
+        f" ({wb['v']}/{wb['r']} correct; no count-based one-run bound could prove more than "
+        f"{wb.get('count_ceiling', float('nan')):.3f} from them), final model "
+        f"{fb['epsilon_lower_bound']:.3f} ({fb['v']}/{fb['r']})",
         f"  one-shot Gaussian fit: white-box mu {wf['mu']:.3f} (epsilon {wf['epsilon']:.3f}), "
         f"final model mu {ff['mu']:.3f} (epsilon {ff['epsilon']:.3f})",
         f"  analytic: white-box epsilon {a['whitebox_epsilon']:.3f}; the statistic's mu "

@@ -27,6 +27,7 @@ import torch
 from dpgrpo.audit.baselines import TokenStats, baseline_scores
 from dpgrpo.audit.features import SampleScores, diba_features
 from dpgrpo.errors import ConfigError
+from dpgrpo.rollout.batch import chat_text
 
 
 @dataclass(frozen=True)
@@ -177,8 +178,7 @@ def _gold_batch(tokenizer: Any, task: Any, problems: Sequence[Any]
     """Left-padded ``[prompt][gold target]`` rows and the mask of the target tokens."""
     seqs, masks, texts = [], [], []
     for p in problems:
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": task.prompt(p)}],
-                                               tokenize=False, add_generation_prompt=True)
+        prompt = chat_text(tokenizer, task.prompt(p))
         target = task.gold_target(p)
         a = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         b = tokenizer(target, add_special_tokens=False)["input_ids"]

@@ -110,21 +110,88 @@ def _bound(scores: np.ndarray, included: np.ndarray, ks: tuple[int, int], delta:
                                    tol=tol), r, v
 
 
+def _simulated_audits(m: int, q: float, sigma: float, steps: int, trials: int, seed: int):
+    """``trials`` white-box audits of the certified mechanism simulated from public
+    parameters: (inclusion bits, Poisson coins of included canaries, likelihood-ratio scores)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(trials):
+        bits = rng.random(m) < 0.5
+        coins = (rng.random((steps, m)) < q) & bits
+        yield bits, coins, llr_scores(rng.standard_normal((steps, m)) + coins / sigma, q, sigma)
+
+
 @lru_cache(maxsize=16)
 def design(m: int, q: float, sigma: float, steps: int, delta: float, confidence: float = 0.95,
            trials: int = DESIGN_TRIALS, seed: int = 0) -> tuple[tuple[int, int], float]:
     """(k_plus, k_minus) fixed in advance, and the median bound it reaches, by simulating the
     certified mechanism's white-box scores (public parameters and a public seed only)."""
-    rng = np.random.default_rng(seed)
     table = {ks: [] for ks in _grid(m)}
-    for _ in range(trials):
-        bits = rng.random(m) < 0.5
-        coins = (rng.random((steps, m)) < q) & bits
-        scores = llr_scores(rng.standard_normal((steps, m)) + coins / sigma, q, sigma)
+    for bits, _, scores in _simulated_audits(m, q, sigma, steps, trials, seed):
         for ks in table:
             table[ks].append(_bound(scores, bits, ks, delta, confidence, tol=1e-3)[0])
     best = max(table, key=lambda ks: (float(np.median(table[ks])), -ks[0] - ks[1]))
     return best, float(np.median(table[best]))
+
+
+def count_ceiling(r: int, v: int, *, confidence: float = 0.95) -> float:
+    """The largest epsilon that ANY sound one-run bound computed from the counts (r guesses,
+    v correct) can prove at ``confidence``, whatever its delta: Steinke et al.'s p-value at
+    delta = 0, ``P[Binomial(r, e^eps/(1+e^eps)) >= v]`` (their Theorem 3.1).
+
+    Why it is a ceiling. epsilon-randomized response with abstention (each canary on its own:
+    a score independent of its bit, and the bit flipped with probability 1/(1+e^eps)) is
+    epsilon-DP, hence (epsilon, delta)-DP for every delta and f_{epsilon,delta}-DP; with any r
+    guesses its number of correct ones is exactly that Binomial. A sound test of
+    "(epsilon, delta)-DP" must hold for it, so its p-value for v is at least that tail: the
+    (epsilon, delta) bound of Steinke et al. (which adds 2 m delta terms) and the f-DP audit
+    of Mahloujifar, Melis and Chaudhuri (2024) run with the (epsilon, delta) trade-off curve
+    both stay at or below this number. (Their f-DP audit run with a Gaussian or subsampled-
+    Gaussian curve rejects a curve, not (epsilon, delta)-DP at the run's delta.)
+    """
+    if not 0 <= v <= r:
+        raise ValueError(f"need 0 <= v <= r, got v={v}, r={r}")
+    if r == 0:
+        return 0.0
+    return lower_bound_from_counts(r, r, v, delta=0.0, confidence=confidence, tol=1e-4)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """What count-based one-run bounds can reach against the certified mechanism: the best
+    fixed k's median :func:`count_ceiling` over simulated audits, and an oracle's median (one
+    guessing exactly the included canaries sampled at least once, all correct)."""
+
+    k_plus: int
+    k_minus: int
+    median: float
+    maximum: float
+    oracle_median: float
+    canaries: int
+    trials: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@lru_cache(maxsize=16)
+def ceiling_design(m: int, q: float, sigma: float, steps: int, confidence: float = 0.95,
+                   trials: int = DESIGN_TRIALS, seed: int = 0) -> Ceiling:
+    """Simulate the certified mechanism's white-box scores (public parameters and a public
+    seed, like :func:`design`) and report :class:`Ceiling`: with the likelihood-ratio score
+    (the optimal score for one canary) and the best k fixed in advance, the median of the most
+    any count-based one-run bound could prove. Below 2 it shows that no such method reaches 2
+    at this (m, q, sigma, T) without a mechanism that leaks more than certified."""
+    table: dict[tuple[int, int], list[float]] = {ks: [] for ks in _grid(m)}
+    oracle = []
+    for bits, coins, scores in _simulated_audits(m, q, sigma, steps, trials, seed):
+        for ks in table:
+            r, v = count_correct(make_guesses(scores, k_plus=ks[0], k_minus=ks[1]), bits)
+            table[ks].append(count_ceiling(r, v, confidence=confidence))
+        seen = int(coins.any(axis=0).sum())
+        oracle.append(count_ceiling(seen, seen, confidence=confidence))
+    best = max(table, key=lambda ks: (float(np.median(table[ks])), -ks[0] - ks[1]))
+    return Ceiling(best[0], best[1], float(np.median(table[best])), float(max(table[best])),
+                   float(np.median(oracle)), m, trials)
 
 
 @dataclass(frozen=True)
@@ -208,13 +275,22 @@ def calibration(rounds: np.ndarray, included: np.ndarray, *, sigma: float,
                        bool(off or not math.isfinite(mu)))
 
 
-def analytic(q: float, sigma: float, steps: int, delta: float) -> dict:
+def analytic(q: float, sigma: float, steps: int, delta: float, *,
+             bound_delta: float | None = None) -> dict:
     """What the certificate implies for the same observations: the white-box epsilon (PLD of
-    T subsampled Gaussians, the accountant's own figure) and the Gaussian statistic's mu."""
+    T subsampled Gaussians, the accountant's own figure) at the run's delta and at the one-run
+    bound's delta (what a lower bound at that delta is compared with), and the Gaussian
+    statistic's mu."""
     mu = q * math.sqrt(steps) / sigma
-    return {"whitebox_epsilon": pld_epsilon([RoundEvent(q, sigma, steps)], delta),
+    events = [RoundEvent(q, sigma, steps)]
+    at_delta = pld_epsilon(events, delta)
+    bound_delta = delta if bound_delta is None else bound_delta
+    return {"whitebox_epsilon": at_delta, "bound_delta": bound_delta,
+            "certified_epsilon_at_bound_delta": (at_delta if bound_delta == delta
+                                                 else pld_epsilon(events, bound_delta)),
             "statistic_mu": mu, "statistic_epsilon": gdp_epsilon(mu, delta)}
 
 
-__all__ = ["Calibration", "GaussianFit", "OneRunBound", "analytic", "calibration", "design",
-           "gaussian_fit", "gdp_epsilon", "llr_scores", "one_run_bound", "sum_statistic"]
+__all__ = ["Calibration", "Ceiling", "GaussianFit", "OneRunBound", "analytic", "calibration",
+           "ceiling_design", "count_ceiling", "design", "gaussian_fit", "gdp_epsilon",
+           "llr_scores", "one_run_bound", "sum_statistic"]

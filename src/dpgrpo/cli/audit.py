@@ -145,7 +145,7 @@ def mechanism(
                                          "(data.n_slots or --n), q, T, C and calibrated sigma."),
     n: int | None = typer.Option(None, "--n", help="Public slot count with --config."),
     canaries: int | None = typer.Option(None, "--canaries",
-                                        help="Gradient canaries K (default min(n, 1000))."),
+                                        help="Gradient canaries K, in slots of their own beside the run's (default 16,000)."),
     coordinates: int | None = typer.Option(None, "--coordinates",
                                            help="Trainable coordinates d (default the run's)."),
     mechanism_name: str = typer.Option("correct", "--mechanism",

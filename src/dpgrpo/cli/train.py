@@ -49,12 +49,13 @@ def train_cmd(
                                      "drop the config file and --set overrides")
         run_dir, cfg = resume, None
     else:
-        cfg = load_config(config) if config is not None else embedded_default()
         shortcuts = {"train.arm": arm, "train.steps": steps, "privacy.epsilon": epsilon,
                      "model.name": model, "data.task": task, "data.data_dir": data_dir,
                      "privacy.seed": seed, "train.metrics": metrics}
-        extra = [f"{k}={v}" for k, v in shortcuts.items() if v is not None]
-        cfg = apply_overrides(cfg, extra + list(overrides))
+        extra = [f"{k}={v}" for k, v in shortcuts.items() if v is not None] + list(overrides)
+        # the file and the overrides are validated together (one may complete the other)
+        cfg = (load_config(config, extra) if config is not None
+               else apply_overrides(embedded_default(), extra))
         _check_inputs(cfg)  # a bad task or model fails here, before any directory exists
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = out or output_dir or Path("runs") / f"{cfg.train.arm}-{stamp}"

@@ -44,7 +44,8 @@ class Prediction:
     hit_cap: bool
     scores: Mapping[str, Verdict]
     doc_id: int | None = None      # position in the split
-    prompt: str | None = None      # the user message (chat template applied at generation)
+    prompt: str | list[dict[str, str]] | None = None  # the user message or the conversation
+    #                                (chat template applied at generation)
     target: str | None = None      # the gold answer
 
     def to_json(self) -> dict[str, Any]:
@@ -74,9 +75,10 @@ class Prediction:
                 raise bad("expected {extracted, correct, timed_out}", f"scores.{name}")
             scores[name] = Verdict(score["correct"], score.get("extracted"),
                                    bool(score.get("timed_out", False)))
-        for key, kind in (("doc_id", int), ("prompt", str), ("target", str)):
+        for key, kind in (("doc_id", int), ("prompt", (str, list)), ("target", str)):
             if obj.get(key) is not None and not isinstance(obj[key], kind):
-                raise bad(f"expected {kind.__name__}", key)
+                raise bad("expected " + ("a string or a conversation" if key == "prompt"
+                                         else kind.__name__), key)
         return cls(obj["id"], obj["response"], obj["n_tokens"], obj["hit_cap"], scores,
                    doc_id=obj.get("doc_id"), prompt=obj.get("prompt"), target=obj.get("target"))
 

@@ -1,9 +1,15 @@
 """GRPO advantages (Eq. 2), the per-token KL estimator (Eq. 3) and the per-prompt loss (Eq. 7).
 
 Everything here is computed within one prompt's group: the mean and standard deviation of
-Eq. (2) are taken over that prompt's G rewards only, and each completion's loss is a mean over
-its own tokens. No statistic is shared across prompts, which the sensitivity bound requires
-(Section III-C, first remark; Section III-D).
+Eq. (2) are taken over that prompt's G rewards only, and a completion's token sum is divided by
+its own length (Eq. 7), by the public completion cap (Dr. GRPO) or by the token count of its own
+prompt's G completions (DAPO's token-level mean, per prompt): ``train.loss_type``. No statistic
+is shared across prompts, which the sensitivity bound requires (Section III-C, first remark;
+Section III-D).
+
+The objective is strictly on-policy: one gradient step per sampled batch, the importance ratio
+``exp(u - sg(u))`` is exactly 1 in value, so a PPO-style ratio clip (TRL's ``epsilon``,
+DAPO's ``epsilon_high``) would never bind and is not implemented (``docs/coming-from-trl.md``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any
 import torch
 
 from dpgrpo.errors import ConfigError
+from dpgrpo.loss_table import LOSS_TYPES, refuse
 from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform
 from dpgrpo.objectives import window_logprobs
 from dpgrpo.objectives.logprobs import token_logprobs
@@ -23,10 +30,13 @@ from dpgrpo.objectives.logprobs import token_logprobs
 ADVANTAGE_MODES = ("group", "zero", "shuffled", "positive")
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4, *,
+                     scale: bool = True) -> torch.Tensor:
     """Eq. (2): A = (r - mean) / (std + c) within each prompt's group, std with G-1.
 
-    rewards: (B, G) -> advantages (B, G). G = 1 gives zeros (no spread to normalize by).
+    ``scale=False``: A = r - mean, Dr. GRPO's advantage (Liu et al. 2025, "Understanding
+    R1-Zero-Like Training", Sec. 3.1: the std divisor favours questions of very low or very
+    high difficulty). rewards: (B, G) -> advantages (B, G). G = 1 gives zeros.
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be (B, G), got shape {tuple(rewards.shape)}")
@@ -34,6 +44,8 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     if rewards.shape[1] < 2 or rewards.shape[0] == 0:
         return torch.zeros_like(rewards)
     mean = rewards.mean(dim=1, keepdim=True)                 # (B, 1)
+    if not scale:
+        return rewards - mean                                # (B, G)
     std = rewards.std(dim=1, correction=1, keepdim=True)     # (B, 1), G-1 denominator
     return (rewards - mean) / (std + eps)                    # (B, G)
 
@@ -41,20 +53,21 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
 def compute_advantages(rewards: torch.Tensor, mode: str = "group", *,
                        generator: torch.Generator | None = None,
                        coins: torch.Tensor | None = None,
-                       eps: float = 1e-4) -> torch.Tensor:
+                       eps: float = 1e-4, scale: bool = True) -> torch.Tensor:
     """Advantages for the training arms, (B, G) -> (B, G), each row from its own rewards.
 
     ``group``: Eq. (2). ``zero``: all zeros (the zero-advantage control, Section V; the KL term
     stays). ``shuffled``: rewards permuted within each group before Eq. (2), by the order of
     ``coins`` ((B, G) uniforms, row i prompt i's own: the trainer binds them to the prompt's
     round and slot), else of draws from ``generator``, else from OS entropy. ``positive``:
-    A = r, unnormalized.
+    A = r, unnormalized. ``scale=False`` drops Eq. (2)'s std divisor (``group``, ``shuffled``;
+    ``train.scale_rewards = "none"``).
     """
     if mode not in ADVANTAGE_MODES:
         raise ConfigError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
     rewards = rewards.to(torch.promote_types(rewards.dtype, torch.float32))
     if mode == "group":
-        return group_advantages(rewards, eps)
+        return group_advantages(rewards, eps, scale=scale)
     if mode == "zero":
         return torch.zeros_like(rewards)
     if mode == "positive":
@@ -69,7 +82,7 @@ def compute_advantages(rewards: torch.Tensor, mode: str = "group", *,
             generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
         keys = torch.rand(rewards.shape, generator=generator)               # (B, G)
     perm = keys.argsort(dim=1).to(rewards.device)                            # within each row
-    return group_advantages(rewards.gather(1, perm), eps)
+    return group_advantages(rewards.gather(1, perm), eps, scale=scale)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -80,13 +93,32 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class GRPOObjective:
-    """Eq. (7): row loss = -(1/L) sum_k [exp(u_k - sg(u_k)) A - beta K_k], token mean per row."""
+    """Eq. (7): row loss = -(1/N) sum_k [exp(u_k - sg(u_k)) A - beta K_k], N per ``loss_type``.
+
+    ``loss_type`` (:data:`dpgrpo.loss_table.LOSS_TYPES`; the prompt's loss is the mean of its
+    G row losses):
+
+    * ``"grpo"``: N = the completion's own length (Eq. 7; Shao et al. 2024).
+    * ``"dr_grpo"``: N = ``max_completion_length``, the public completion cap, for every row
+      (Liu et al. 2025, "Understanding R1-Zero-Like Training", Sec. 3.1: no length bias). With
+      ``scale_rewards = "none"`` (no std in Eq. 2) this is Dr. GRPO.
+    * ``"prompt_token_mean"``: N = the mean length of the prompt's own G completions, so the
+      prompt's loss is its token sum over the tokens of its G completions: DAPO's token-level
+      mean (Yu et al. 2025, "DAPO", Sec. 3.3) counted over ONE prompt, never the batch.
+    """
 
     beta: float = 0.04
+    loss_type: str = "grpo"
+    max_completion_length: int | None = None  # dr_grpo's constant: the public completion cap
 
     def __post_init__(self) -> None:
         if not self.beta >= 0.0:
             raise ConfigError(f"beta must be >= 0, got {self.beta!r}")
+        if self.loss_type not in LOSS_TYPES:
+            refuse("loss_type", self.loss_type, LOSS_TYPES)
+        if self.loss_type == "dr_grpo" and not (self.max_completion_length or 0) >= 1:
+            raise ConfigError("loss_type 'dr_grpo' divides by the completion cap: give "
+                              f"max_completion_length >= 1, got {self.max_completion_length!r}")
 
     def row_losses(self, model: torch.nn.Module, batch: TrainBatch,
                    rows: slice) -> torch.Tensor:
@@ -107,7 +139,23 @@ class GRPOObjective:
             assert ref is not None
             kl = k3_kl(logp, torch.where(mask > 0, ref.to(logp.dtype), logp))  # 0 off-mask
             gain = gain - self.beta * kl                                      # Eq. (3)
-        return masked_row_mean(-gain, mask)                                  # (n,)
+        if self.loss_type == "grpo":
+            return masked_row_mean(-gain, mask)                              # (n,)
+        return (-gain * mask).sum(dim=1) / self._normalizers(batch, rows, logp.dtype)
+
+    def _normalizers(self, batch: TrainBatch, rows: slice, dtype: torch.dtype) -> torch.Tensor:
+        """(n,) divisors of the rows' token sums: the public cap (dr_grpo), or the mean
+        completion length of each row's own prompt, read from that prompt's rows only."""
+        n = rows.stop - rows.start
+        if self.loss_type == "dr_grpo":
+            return torch.full((n,), float(self.max_completion_length), dtype=dtype,
+                              device=batch.loss_mask.device)
+        r = batch.rows_per_prompt
+        first, last = rows.start // r, (rows.stop - 1) // r + 1               # prompts of rows
+        own = batch.loss_mask[first * r:last * r].to(dtype)                   # their rows only
+        tokens = own.reshape(last - first, -1).sum(dim=1).clamp(min=1.0)     # (prompts,)
+        prompt = torch.arange(rows.start, rows.stop, device=own.device) // r - first
+        return tokens[prompt] / r                                             # (n,)
 
 
 def _layout(rows: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -154,10 +202,14 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
 
 def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,
                      advantages: torch.Tensor | None = None,
-                     ref_logprobs: torch.Tensor | None = None) -> TrainBatch:
+                     ref_logprobs: torch.Tensor | None = None, *,
+                     mask_truncated: bool = False) -> TrainBatch:
     """TrainBatch for Eq. (7) from a RolloutBatch: loss on completion tokens, weights 1/G.
 
     rewards: (B, G); advantages: (B, G), default :func:`group_advantages` of ``rewards``.
+    ``mask_truncated``: completions that hit the cap get no loss tokens (DAPO's overlong
+    filtering, Yu et al. 2025, Sec. 3.4; TRL's ``mask_truncated_completions``): a rule on each
+    row's own ``hit_cap``.
     """
     b, g = rollouts.num_prompts, rollouts.group_size
     if tuple(rewards.shape) != (b, g):
@@ -166,8 +218,11 @@ def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,
         advantages = group_advantages(rewards)
     if tuple(advantages.shape) != (b, g):
         raise ValueError(f"advantages must be ({b}, {g}), got {tuple(advantages.shape)}")
+    loss_mask = rollouts.completion_mask
+    if mask_truncated:
+        loss_mask = loss_mask * (~rollouts.hit_cap.bool()).to(loss_mask.dtype).unsqueeze(1)
     return TrainBatch(input_ids=rollouts.input_ids, attention_mask=rollouts.attention_mask,
-                      loss_mask=rollouts.completion_mask,
+                      loss_mask=loss_mask,
                       row_weights=row_weights_uniform(b, g, advantages.dtype),
                       num_prompts=b, rows_per_prompt=g, advantages=advantages,
                       ref_logprobs=ref_logprobs)

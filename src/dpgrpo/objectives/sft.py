@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from dpgrpo.objectives import TrainBatch, masked_row_mean, window_logprobs
+from dpgrpo.rollout.batch import Message, chat_text
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,8 @@ def build_filtered_sft_batch(rollouts: Any, rewards: torch.Tensor) -> TrainBatch
                       num_prompts=b, rows_per_prompt=g)
 
 
-def build_gold_sft_batch(tokenizer: Any, user_messages: list[str], targets: list[str]) -> TrainBatch:
+def build_gold_sft_batch(tokenizer: Any, user_messages: list[Message],
+                         targets: list[str]) -> TrainBatch:
     """TrainBatch for gold DP-SFT: one row per prompt, chat prompt + target + EOS, loss on target."""
     b = len(user_messages)
     if b == 0:
@@ -55,8 +57,7 @@ def build_gold_sft_batch(tokenizer: Any, user_messages: list[str], targets: list
         return TrainBatch(empty, empty, empty, torch.zeros((0, 1)), 0, 1)
     rows = []
     for message, target in zip(user_messages, targets):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": message}],
-                                               tokenize=False, add_generation_prompt=True)
+        prompt = chat_text(tokenizer, message)
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         t_ids = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append((p_ids, t_ids))

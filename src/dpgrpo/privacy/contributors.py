@@ -2,8 +2,8 @@
 
 With ``data.privacy_unit = "contributor"`` Algorithm 1 runs unchanged over contributor slots:
 
-* **slots**: n public contributor slots (:func:`contributor_slot_count`, the public-n rules of
-  :func:`~dpgrpo.privacy.sampling.public_slot_count` with contributors in place of problems);
+* **slots**: n = ``data.n_slots`` public contributor slots (:func:`contributor_slot_count`;
+  required: the number of contributors is a function of the private data, so it never sets n);
   each round Poisson-samples them with q = m / n;
 * **k problems**: a sampled contributor takes part with at most k (``data.per_contributor``,
   public) of its problems, chosen uniformly without replacement from hidden randomness
@@ -57,43 +57,40 @@ class Contributor:
     problems: tuple[tuple[Any, Any], ...]
 
 
-def contributor_slot_count(*, n_slots: int | None, limit: int | None, contributors: int,
-                           source_contributors: int, canaries: int) -> SlotCount:
-    """n contributor slots from public configuration, first rule that applies (A1).
+def contributor_slot_count(*, n_slots: int | None, contributors: int,
+                           canaries: int) -> SlotCount:
+    """n contributor slots: ``data.n_slots``, required (A1).
 
-    ``data.n_slots``; else ``data.limit`` + canaries (a capacity: the first ``limit`` problems
-    have at most ``limit`` contributors); else the split's contributors (the distinct ids of its
-    valid problems, each invalid row counted as one more) + canaries, public only when the data
-    and mapping files are. ``contributors`` is the number placed (after the limit); each canary
-    is a contributor of one problem.
+    The number of contributors (in the data or the mapping file) is a function of the private
+    data, so it never sets n; ``data.limit`` is refused at contributor level (DataConfig).
+    ``contributors`` is the number placed; each canary is a contributor of one problem.
     """
+    if n_slots is None:
+        raise ConfigError("data.privacy_unit = 'contributor' needs data.n_slots, the public "
+                          "number of contributor slots n (the contributor count is private)")
     records = contributors + canaries
-    if n_slots is not None:
-        n, source = n_slots, "data.n_slots"
-    elif limit is not None:
-        n, source = limit + canaries, "data.limit"
-    else:
-        n, source = source_contributors + canaries, "source contributors"
-    if n < records:
-        raise ConfigError(f"{source} = {n} is smaller than the {records} contributor records "
-                          "(contributors + canaries)")
-    return SlotCount(n, source, records)
+    if n_slots < records:
+        raise ConfigError(f"data.n_slots = {n_slots} is smaller than the {records} contributor "
+                          "records (contributors + canaries)")
+    return SlotCount(n_slots, "data.n_slots", records)
 
 
 def contributor_slots(data: Any, task: Any, loaded: Any,
                       canaries: int) -> tuple[list[Contributor | None], SlotCount]:
     """The contributor slots of a split (before the canaries): its contributors, in order of
-    first appearance among the first ``data.limit`` problems, then absent slots."""
+    first appearance, then absent slots up to ``data.n_slots`` - canaries."""
     from dpgrpo.tasks.contributors import assign_contributors, group_by_contributor
     from dpgrpo.tasks.contributors import read_contributor_map
 
+    if data.n_slots is None:  # before the mapping is read (DataConfig refuses it too)
+        contributor_slot_count(n_slots=None, contributors=0, canaries=canaries)
+    if data.limit is not None:
+        raise ConfigError("data.limit is refused with data.privacy_unit = 'contributor' "
+                          "(a cut before grouping couples contributors)")
     mapping = read_contributor_map(data.contributors) if data.contributors else None
     source = data.contributors or f"the {task.name} {data.split} split"
-    kept = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
-    groups = group_by_contributor(assign_contributors(kept, mapping, source=source))
-    count = contributor_slot_count(n_slots=data.n_slots, limit=data.limit,
-                                   contributors=len(groups),  # placed (within data.limit)
-                                   source_contributors=len(groups) + len(loaded.skipped),
+    groups = group_by_contributor(assign_contributors(loaded.problems, mapping, source=source))
+    count = contributor_slot_count(n_slots=data.n_slots, contributors=len(groups),
                                    canaries=canaries)
     slots: list[Contributor | None] = [
         Contributor(who, tuple((task, p) for p in owned)) for who, owned in groups]

@@ -33,10 +33,6 @@ N_SOURCES = {
     "source rows": ("the raw row count of the source file (+ canaries), invalid rows counted "
                     "as absent slots: public only when the file itself is published; set "
                     "data.n_slots (or data.limit) for private data"),
-    "source contributors": ("the split's contributors (+ canaries): the distinct contributor ids "
-                            "of its valid problems, each invalid row counted as one more; "
-                            "public only when the data and contributor files are published; "
-                            "set data.n_slots (or data.limit) for private data"),
 }
 
 

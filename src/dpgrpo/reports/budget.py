@@ -10,10 +10,11 @@ clipping norm, learning rate, group size and verifier do not enter it (Corollary
   embedded task, or the raw row count of the source file) + canaries; the split is loaded to
   count it (and to check n against the records), the model is not. sigma is
   ``privacy.noise_multiplier`` if set, else calibrated from ``privacy.epsilon``.
-* a contributor-level configuration (``data.privacy_unit = "contributor"``, n = contributor
-  slots) also gets a :class:`ContributorComparison`: what prompt-level DP on the same data (the
-  same configuration with ``privacy_unit = "prompt"``) guarantees a contributor of k =
-  ``data.per_contributor`` problems, by the accountant's group figure, at the same delta.
+* a contributor-level configuration (``data.privacy_unit = "contributor"``, n =
+  ``data.n_slots`` contributor slots, required) also gets a :class:`ContributorComparison`:
+  what prompt-level DP on the same data (the same configuration with ``privacy_unit =
+  "prompt"``) guarantees a contributor of k = ``data.per_contributor`` problems, by the
+  accountant's group figure, at the same delta.
 """
 
 from __future__ import annotations

@@ -233,11 +233,18 @@ def _audit_table(results: Mapping[str, Any]) -> str:
 def _whitebox_sentence(w: Mapping[str, Any]) -> str:
     """The white-box mechanism audit's figures (docs/auditing.md says what they prove)."""
     s, cal = w["setup"], w.get("calibration") or {}
-    text = (f"White-box mechanism audit (model-free, {s['canaries']} gradient canaries through "
-            f"the real sampler, mechanism and noise at the DP-GRPO run's n, q, T, sigma and C; "
-            f"every round's update observed): one-run lower bound "
-            f"{w['whitebox_bound']['epsilon_lower_bound']:.3f} at "
-            f"{w['whitebox_bound']['confidence']:.0%} (final model only: "
+    a = w["analytic"]
+    text = (f"White-box mechanism audit (model-free, {s['canaries']} gradient canaries in slots "
+            f"of their own beside the run's, through the real sampler, mechanism and noise at "
+            f"the DP-GRPO run's q, T, sigma and C; every round's update observed): one-run lower "
+            f"bound {w['whitebox_bound']['epsilon_lower_bound']:.3f} at "
+            f"{w['whitebox_bound']['confidence']:.0%} and delta' = "
+            f"{a.get('bound_delta', s['delta']):.2g}, where the certificate claims epsilon "
+            f"{a.get('certified_epsilon_at_bound_delta', w['certified_epsilon']):.3f} "
+            f"(no count-based one-run bound, the f-DP "
+            f"audit with the (epsilon, delta) curve included, could prove more than "
+            f"{w['whitebox_bound'].get('count_ceiling', float('nan')):.3f} from the same "
+            f"guesses; final model only: "
             f"{w['final_bound']['epsilon_lower_bound']:.3f}; the certified mechanism is expected "
             f"to reach {w['analytic'].get('design_median_bound', float('nan')):.3f}), one-shot "
             f"Gaussian fit mu {w['whitebox_fit']['mu']:.3f} (certificate: "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +55,39 @@ def stop_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def chat_prompt_ids(tokenizer: Any, user_messages: Sequence[str]) -> list[list[int]]:
-    """Token ids of each user message under the chat template, generation prompt added."""
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
-                                           add_generation_prompt=True) for m in user_messages]
+#: A prompt as a task renders it: one user message, or a conversation (TRL's conversational
+#: format: ``{"role", "content"}`` messages ending with a user or an assistant turn).
+Message = str | Sequence[Mapping[str, str]]
+
+
+def chat_messages(message: Message) -> list[dict[str, str]]:
+    """The conversation of a prompt: a string is one user turn; a conversation is kept."""
+    if isinstance(message, str):
+        return [{"role": "user", "content": message}]
+    return [{"role": str(m["role"]), "content": str(m["content"])} for m in message]
+
+
+def chat_text(tokenizer: Any, message: Message) -> str:
+    """The prompt under the tokenizer's chat template, as TRL's ``apply_chat_template`` does:
+    a generation prompt after a final user turn; a final assistant turn is continued."""
+    messages = chat_messages(message)
+    if messages and messages[-1]["role"] == "assistant":
+        return tokenizer.apply_chat_template(messages, tokenize=False,
+                                             continue_final_message=True)
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def chat_prompt_ids(tokenizer: Any, user_messages: Sequence[Message]) -> list[list[int]]:
+    """Token ids of each prompt under the chat template (:func:`chat_text`)."""
+    texts = [chat_text(tokenizer, m) for m in user_messages]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def completion_ids(batch: RolloutBatch, prompt: int) -> list[list[int]]:
+    """The completion token ids of prompt ``prompt``'s G rows (the final EOS included), as
+    TRL passes them to reward functions (``completion_ids``)."""
+    rows = range(prompt * batch.group_size, (prompt + 1) * batch.group_size)
+    return [batch.input_ids[r][batch.completion_mask[r].bool()].tolist() for r in rows]
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int
@@ -108,4 +136,5 @@ def assemble(tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor
                         logprobs=logprobs)
 
 
-__all__ = ["RolloutBatch", "assemble", "chat_prompt_ids", "empty_batch", "left_pad", "stop_ids"]
+__all__ = ["Message", "RolloutBatch", "assemble", "chat_messages", "chat_prompt_ids", "chat_text",
+           "completion_ids", "empty_batch", "left_pad", "stop_ids"]

@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.rollout.batch import RolloutBatch
+from dpgrpo.rollout.batch import Message, RolloutBatch
 
 #: engine names accepted by ``train.rollout_engine`` and :func:`make_engine`
 ENGINES = ("transformers", "vllm")
@@ -47,11 +47,12 @@ class RolloutEngine(Protocol):
         """What this engine guarantees about batch-mates (quoted in the certificate)."""
         ...
 
-    def generate(self, user_messages: Sequence[str], *, group_size: int, temperature: float,
+    def generate(self, user_messages: Sequence[Message], *, group_size: int, temperature: float,
                  max_new_tokens: int, seeds: Sequence[int] | None = None,
                  generator: torch.Generator | None = None, use_adapter: bool = True,
                  top_p: float = 1.0, repetition_penalty: float = 1.0) -> RolloutBatch:
-        """Sample ``group_size`` completions per message (chat template applied).
+        """Sample ``group_size`` completions per message or conversation (chat template
+        applied by :func:`~dpgrpo.rollout.batch.chat_text`).
 
         ``temperature`` 0 is greedy. ``seeds`` (one per prompt) fix each prompt's coins;
         default: drawn from ``generator`` (itself seeded from OS entropy when ``None``).

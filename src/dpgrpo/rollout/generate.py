@@ -26,13 +26,13 @@ from typing import Any
 import torch
 
 from dpgrpo.model import Policy
-from dpgrpo.rollout.batch import (RolloutBatch, assemble, chat_prompt_ids, empty_batch,
+from dpgrpo.rollout.batch import (Message, RolloutBatch, assemble, chat_prompt_ids, empty_batch,
                                   left_pad, stop_ids)
 from dpgrpo.rollout.engine import check_request, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
 
 
-def generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size: int,
+def generate(model: Any, tokenizer: Any, user_messages: list[Message], *, group_size: int,
              temperature: float, max_new_tokens: int,
              generator: torch.Generator | None = None,
              batch_size: int | None = None, isolated: bool = False,
@@ -83,7 +83,7 @@ def _sample_chunk(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return out[:, prompt_ids.shape[1]:]
 
 
-def hf_generate(model: Any, tokenizer: Any, user_messages: list[str], *, group_size: int,
+def hf_generate(model: Any, tokenizer: Any, user_messages: list[Message], *, group_size: int,
                 temperature: float, max_new_tokens: int,
                 generator: torch.Generator | None = None,
                 batch_size: int | None = None, isolated: bool = False,

