@@ -80,3 +80,74 @@ def test_group_sizes_are_public_validated_integers(tmp_path):
     path.write_text("[privacy]\ngroup_sizes = [true]\n")
     with pytest.raises(ConfigError, match="group_sizes"):
         load_config(path)
+
+
+@pytest.mark.parametrize("toml,key", [
+    ("[train]\nsteps = true", "train.steps"),            # a TOML boolean is not a number
+    ("[privacy]\nepsilon = true", "privacy.epsilon"),    # (it once certified epsilon = 1)
+    ("[train]\nsteps = 2.0", "train.steps"),             # no float where an int is meant
+    ('[privacy]\nepsilon = "8"', "privacy.epsilon"),     # a number is not a string
+    ("[model]\nname = 1", "model.name"),                 # ... nor a string a number
+    ("[train]\nclip_nonprivate = 1", "train.clip_nonprivate"),
+    ("[train]\nlearning_rate = inf", "train.learning_rate"),
+    ("[train]\nlearning_rate = nan", "train.learning_rate"),
+    ("[train]\nbeta = inf", "train.beta"),
+    ("[train]\nbeta = -0.1", "train.beta"),
+    ("[train]\ntemperature = inf", "train.temperature"),
+    ("[train]\ntemperature = 0.0", "train.temperature"),
+    ("[train]\nmax_new_tokens = 0", "train.max_new_tokens"),
+    ("[privacy]\nseed = -1", "privacy.seed"),
+    ("[privacy]\nepsilon = -1.0", "privacy.epsilon"),
+    ("[privacy]\nnoise_multiplier = 1e-9", "privacy.noise_multiplier"),
+    ("[audit]\ncanaries = -1", "audit.canaries"),
+    ("[audit]\ncanary_seed = -2", "audit.canary_seed"),
+    ("[model]\nlora_dropout = 1.0", "model.lora_dropout"),
+])
+def test_toml_values_are_typed_strictly_and_range_checked(tmp_path, toml, key):
+    from dpgrpo.errors import DPGRPOError
+
+    path = tmp_path / "c.toml"
+    path.write_text(toml + "\n")
+    with pytest.raises(DPGRPOError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert key in message and str(path) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("override,key", [
+    ("train.steps=2.0", "train.steps"), ("train.steps=true", "train.steps"),
+    ("train.learning_rate=inf", "train.learning_rate"), ("privacy.seed=-3", "privacy.seed"),
+    ("train.clip_nonprivate=maybe", "train.clip_nonprivate"),
+    ("privacy.noise_multiplier=1e-3", "privacy.noise_multiplier"),
+])
+def test_override_text_is_parsed_by_the_field_type(override, key):
+    from dpgrpo.errors import DPGRPOError
+
+    with pytest.raises(DPGRPOError, match=key.replace(".", r"\.")):
+        apply_overrides(RunConfig(), [override])
+
+
+def test_integers_stay_integers_and_ints_are_numbers(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\nsteps = 3\nlearning_rate = 1\n[privacy]\nepsilon = 4\n")
+    cfg = load_config(path)
+    assert cfg.train.steps == 3 and type(cfg.train.steps) is int
+    assert cfg.privacy.epsilon == 4.0 and type(cfg.privacy.epsilon) is float
+    assert type(cfg.train.learning_rate) is float
+
+
+def test_sigma_floor_is_where_the_accountant_grid_explodes():
+    from dpgrpo.privacy.limits import MAX_PLD_POINTS, min_sigma, pld_grid_points
+
+    floor = min_sigma()
+    assert pld_grid_points(floor) == pytest.approx(MAX_PLD_POINTS, rel=1e-6)
+    assert pld_grid_points(1e-3) * 8 / 2 ** 30 > 30  # the 38 GiB the issue measured
+    apply_overrides(RunConfig(), [f"privacy.noise_multiplier={floor * 1.01}"])  # accepted
+
+
+def test_non_utf8_toml_is_one_line_naming_the_file(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('[model]\nname = "caf\xe9"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match="not UTF-8") as info:
+        load_config(path)
+    assert str(path) in str(info.value)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,3 +214,84 @@ def test_second_protocol_on_one_folder_is_refused(tiny_protocol_toml, tmp_path):
         with pytest.raises(RunLockedError, match=f"pid {os.getpid()}.*one writer per protocol"):
             run_protocol(plan)
     assert not plan.out_dir.exists()  # the refused start left nothing behind
+
+
+# --- checksums: flipped bytes that still load (issue 33) -----------------------------------
+
+def _flip(path, count: int = 16) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    for i in range(count):
+        data[middle + i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous(run_dir):
+    meta = json.loads((run_dir / "recovery" / "step-000004" / "meta.json").read_text())
+    assert len(meta["state_sha256"]) == 64  # recorded when written
+    _flip(run_dir / "recovery" / "step-000004" / "state.pt")
+    result = trainer.train(None, run_dir, resume=True)
+    assert any("step-000004/state.pt" in n and "sha256" in n and "step-000002" in n
+               for n in result.notes)
+    assert_consistent(run_dir, 6)  # rounds 3-4 replayed from the intact step-000002
+
+
+def test_flipped_bytes_in_the_release_are_caught_and_rewritten_on_resume(run_dir):
+    from dpgrpo.atomic import sha256_file
+
+    adapter = run_dir / "release" / "adapter_model.safetensors"
+    cert = json.loads((run_dir / "release" / "certificate.json").read_text())
+    assert cert["files_sha256"]["adapter_model.safetensors"] == sha256_file(adapter)
+    _flip(adapter)
+    result = trainer.train(None, run_dir, resume=True)
+    assert any("release/ rewritten" in n for n in result.notes)
+    cert = json.loads((run_dir / "release" / "certificate.json").read_text())
+    assert cert["files_sha256"]["adapter_model.safetensors"] == sha256_file(adapter)
+    assert_consistent(run_dir, 4)
+
+
+# --- full and read-only disks that used to end in tracebacks (issue 33) ---------------------
+
+def test_full_disk_at_the_lock_file_leaves_no_lock_and_no_folder(tmp_path, monkeypatch):
+    import errno
+
+    from dpgrpo import runlock
+    from dpgrpo.errors import DiskFullError
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runlock.os, "write", full)
+    with pytest.raises(DiskFullError, match=r"disk full while writing .*\.lock"):
+        runlock.RunLock(tmp_path / "run").acquire()
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at inline_container.cc:603] . basic_ios::clear: iostream error"),
+    OSError(30, "Read-only file system"),
+])
+def test_torch_short_write_and_read_only_disk_are_one_line_errors(tiny_model_dir, tmp_path,
+                                                                 monkeypatch, error):
+    from dpgrpo.errors import DiskFullError, ReadOnlyError
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(checkpoint.torch, "save", failing)
+    expected = ReadOnlyError if isinstance(error, OSError) else DiskFullError
+    with pytest.raises(expected, match="step-000002") as info:
+        trainer.train(tiny_config(tiny_model_dir), tmp_path / "run")
+    assert "\n" not in str(info.value)
+
+
+def test_safetensors_full_disk_is_a_one_line_error():
+    from safetensors import SafetensorError
+
+    from dpgrpo.atomic import disk_full_guard
+    from dpgrpo.errors import DiskFullError
+
+    with pytest.raises(DiskFullError, match="disk full while writing"):
+        with disk_full_guard(Path("/tmp/release")):
+            raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                                  "StorageFull, message: \"No space left on device\" }) os error 28")

@@ -33,12 +33,14 @@ CERTIFICATE_KEYS = {
     "group_privacy", "target_epsilon", "not_releasable_because", "record_isolation",
     "adapter",  # what trained, what stayed frozen, the public warm start (issue 26)
     "record_randomness",
+    "files_sha256",  # sha256 of the released adapter files (issue 33): public, like the files
 }
 NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2", "A3", "A4",
                "relation", "group", "method", "basis", "meaningful", "gradients", "rollouts",
                "rollout_mode", "rollout_engine", "verifier",
                "lora_train", "trains", "lora_rank", "lora_bias", "target_modules", "lora_layers",
-               "init_adapter", "path", "sha256", "keep", "public_input"}
+               "init_adapter", "path", "sha256", "keep", "public_input",
+               "adapter_model.safetensors", "adapter_config.json"}
 
 
 def tiny_config(model_dir, *extra: str) -> RunConfig:

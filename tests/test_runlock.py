@@ -45,3 +45,26 @@ def test_a_writer_that_opened_the_unlinked_lock_file_does_not_hold_the_run(tmp_p
     assert third.held
     third.release()
     assert not (tmp_path / ".lock").exists()
+
+
+@pytest.mark.parametrize("code, error", [(28, "DiskFullError"), (30, "ReadOnlyError")])
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_lock_file_that_cannot_be_created_is_one_error_and_leaves_no_folder(
+        tmp_path, monkeypatch, code, error, fresh):
+    """No inode left (ENOSPC) or a read-only filesystem (EROFS) at the lock file, on a fresh
+    start and on resume (issue 33: OSError tracebacks, and a fresh start left the folder)."""
+    from dpgrpo import errors
+
+    run_dir = tmp_path / "run"
+    if not fresh:
+        (run_dir / "recovery").mkdir(parents=True)  # an existing run: kept as it was
+
+    def failing(path, flags, mode=0o777):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(runlock.os, "open", failing)
+    with pytest.raises(getattr(errors, error), match=r"\.lock") as info:
+        RunLock(run_dir).acquire()
+    assert "\n" not in str(info.value)
+    assert run_dir.exists() is not fresh
+    assert fresh or sorted(p.name for p in run_dir.iterdir()) == ["recovery"]

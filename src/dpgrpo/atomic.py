@@ -17,25 +17,42 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from dpgrpo.errors import DiskFullError
+from dpgrpo.errors import DiskFullError, ReadOnlyError
+
+#: how torch's zip writer reports a short write (``basic_ios::clear``: the C++ stream failed)
+_TORCH_SHORT_WRITE = ("unexpected pos", "file write failed", "basic_ios::clear")
+#: the OS error codes safetensors' Rust writer puts in its message on a full disk
+_RUST_FULL = ("os error 28", "os error 122")
 
 
 @contextmanager
 def disk_full_guard(where: Path) -> Iterator[None]:
-    """Turn a full disk (ENOSPC, EDQUOT, torch's ``unexpected pos``) into :class:`DiskFullError`."""
+    """Turn a full disk (ENOSPC, EDQUOT, torch's short write, safetensors' ``os error 28``)
+    into :class:`DiskFullError` and a read-only one (EROFS) into :class:`ReadOnlyError`."""
     try:
         yield
-    except DiskFullError:
+    except (DiskFullError, ReadOnlyError):
         raise
     except OSError as err:
+        if err.errno in (errno.EROFS, errno.EACCES):
+            raise ReadOnlyError(read_only_message(where, err.errno)) from None
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         raise DiskFullError(full_message(where)) from None
     except RuntimeError as err:  # torch's zip writer reports a short write this way
-        text = str(err)
-        if "unexpected pos" not in text and "file write failed" not in text:
+        if not any(s in str(err) for s in _TORCH_SHORT_WRITE):
             raise
         raise DiskFullError(full_message(where)) from None
+    except Exception as err:  # safetensors' SafetensorError is a plain Exception subclass
+        if type(err).__name__ != "SafetensorError" or not any(s in str(err) for s in _RUST_FULL):
+            raise
+        raise DiskFullError(full_message(where)) from None
+
+
+def read_only_message(where: Path, code: int = errno.EROFS) -> str:
+    why = "read-only file system" if code == errno.EROFS else "permission denied"
+    return (f"{why}: cannot write {where}; nothing half-written was kept; "
+            "choose a writable run directory (or remount it), then start or resume the run")
 
 
 def full_message(where: Path) -> str:
@@ -46,6 +63,18 @@ def full_message(where: Path) -> str:
         left = ""
     return (f"disk full while writing {where}{left}: nothing half-written was kept; free "
             "space, then resume the run (dpgrpo train --resume RUN_DIR)")
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks (checkpoints and releases record it
+    when written and compare it when read, so a flipped byte is caught, not trained on)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fsync_file(path: Path) -> None:

@@ -39,6 +39,7 @@ from dpgrpo.atomic import (
     disk_full_guard,
     fsync_dir,
     fsync_file,
+    sha256_file,
 )
 from dpgrpo.errors import ConfigError, RecoveryError, ReleaseError
 from dpgrpo.release import RELEASE_CONFIG, RELEASE_FILES
@@ -91,7 +92,9 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
         # The LoRA never resizes the vocabulary: no need to save (or look up) embeddings.
         model.save_pretrained(str(tmp), save_embedding_layers=False)
     atomic_write_json(tmp / RELEASE_CONFIG, config)
-    atomic_write_json(tmp / "certificate.json", certificate)
+    digests = {name: sha256_file(tmp / name)  # checked by push and by resume
+               for name in ("adapter_model.safetensors", "adapter_config.json")}
+    atomic_write_json(tmp / "certificate.json", {**certificate, "files_sha256": digests})
     atomic_write_text(tmp / "README.md", _model_card(tmp) + _release_readme(certificate))
     stray = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
     if stray:
@@ -169,7 +172,8 @@ def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
                        tmp / "state.pt")
             fsync_file(tmp / "state.pt")
             atomic_write_json(tmp / "meta.json", {"round_done": round_done,
-                                                  "ledger": extra.get("ledger")})
+                                                  "ledger": extra.get("ledger"),
+                                                  "state_sha256": sha256_file(tmp / "state.pt")})
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -206,6 +210,7 @@ class Checkpoint:
 
 
 def _load_state(path: Path) -> dict[str, Any]:
+    _verify_digest(path)
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     keys = {"round_done", "adapter", "optimizer", "generators"}
     if not isinstance(state, dict) or not keys <= state.keys():
@@ -213,6 +218,19 @@ def _load_state(path: Path) -> dict[str, Any]:
     if int(state["round_done"]) != int(_STEP.fullmatch(path.name).group(1)):
         raise ValueError(f"holds round {state['round_done']}")
     return state
+
+
+def _verify_digest(path: Path) -> None:
+    """Compare ``state.pt`` with the sha256 its ``meta.json`` recorded when it was written: a
+    flipped byte inside a tensor still unpickles, and training would go on from corrupted
+    weights. Checkpoints written before digests were recorded are loaded unchecked."""
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # meta.json is a hint (resume reads the ledger from the journal too)
+    digest = meta.get("state_sha256") if isinstance(meta, dict) else None
+    if digest is not None and sha256_file(path / "state.pt") != digest:
+        raise ValueError("sha256 differs from the one recorded in meta.json: the file is damaged")
 
 
 def load_checkpoint(recovery_dir: Path) -> Checkpoint | None:

@@ -9,7 +9,6 @@ Algorithm 1 is here and must be chosen without looking at the private data (assu
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import tomllib
 import typing
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpgrpo.arm_table import arm_spec
-from dpgrpo.errors import ConfigError
+from dpgrpo.config_values import check_finite, parse_value, type_name
+from dpgrpo.errors import ConfigError, DPGRPOError
 from dpgrpo.loss_table import LOSS_TYPES, SCALE_REWARDS, refuse
 
 MAX_GROUP_SIZE = 8
@@ -65,6 +65,11 @@ class ModelConfig:
     init_adapter_keep: str = "all"
 
     def __post_init__(self) -> None:
+        check_finite(self, "model")
+        if not self.lora_alpha > 0:
+            raise ConfigError(f"model.lora_alpha must be > 0, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"model.lora_dropout must lie in [0, 1), got {self.lora_dropout}")
         if self.init_adapter_keep not in INIT_KEEP:
             raise ConfigError(f"model.init_adapter_keep must be one of {', '.join(INIT_KEEP)}, "
                               f"not {self.init_adapter_keep!r}")
@@ -149,6 +154,11 @@ class PrivacyConfig:
     group_sizes: tuple[int, ...] = (2, 3)  # certificate: k prompts of one person (2..8)
 
     def __post_init__(self) -> None:
+        check_finite(self, "privacy")
+        if not self.epsilon > 0:
+            raise ConfigError(f"privacy.epsilon must be > 0, got {self.epsilon}")
+        if self.seed is not None and self.seed < 0:
+            raise ConfigError(f"privacy.seed must be >= 0, got {self.seed}")
         ks = self.group_sizes
         if any(isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= MAX_GROUP_SIZE
                for k in ks) or len(set(ks)) != len(ks):
@@ -163,6 +173,10 @@ class PrivacyConfig:
             raise ConfigError(f"privacy.delta must lie in (0, 1), got {self.delta}")
         if self.noise_multiplier is not None and self.noise_multiplier < 0:
             raise ConfigError(f"privacy.noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if self.noise_multiplier:
+            from dpgrpo.privacy.limits import check_accountable_sigma
+
+            check_accountable_sigma(self.noise_multiplier, "privacy.noise_multiplier")
 
 
 @dataclass(frozen=True)
@@ -236,6 +250,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         spec = arm_spec(self.arm)  # ConfigError naming train.arm for an unknown arm
+        check_finite(self, "train")
         for name in ("steps", "group_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
@@ -244,8 +259,16 @@ class TrainConfig:
                               f"not {self.grad_method!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
-        if self.beta < 0 or self.temperature < 0:
-            raise ConfigError("train.beta and train.temperature must be >= 0")
+        if self.beta < 0:
+            raise ConfigError(f"train.beta must be >= 0, got {self.beta}")
+        if not self.temperature > 0:
+            raise ConfigError(f"train.temperature must be > 0, got {self.temperature}: GRPO "
+                              "compares G sampled completions of each prompt, and greedy "
+                              "decoding (0) makes them identical, so every advantage is zero")
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"train.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not (0.0 < self.top_p <= 1.0 and self.repetition_penalty > 0.0):
             raise ConfigError("train.top_p must lie in (0, 1] and train.repetition_penalty be "
                               f"> 0, got {self.top_p} and {self.repetition_penalty}")
@@ -281,6 +304,11 @@ class AuditConfig:
 
     canaries: int = 0
     canary_seed: int = 0  # public: canary content is not secret, their inclusion bits are
+
+    def __post_init__(self) -> None:
+        for name in ("canaries", "canary_seed"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"audit.{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -325,13 +353,9 @@ _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
             "train": TrainConfig, "audit": AuditConfig}
 
 
-def _integer(value: Any) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError(value)
-    return int(str(value).strip()) if isinstance(value, str) else int(value)
-
-
-def _coerce(section: str, key: str, value: Any) -> Any:
+def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
+    """The value of ``section.key`` typed strictly by the field (see :func:`dpgrpo.config_values.parse_value`); a value
+    of the wrong type is a ConfigError naming the key, never silently converted."""
     cls = _CLASSES[section]
     hints = typing.get_type_hints(cls)
     if key not in hints:
@@ -347,31 +371,9 @@ def _coerce(section: str, key: str, value: Any) -> Any:
             raise ConfigError(f"'{section}.{key}' cannot be empty")
         return None
     try:
-        if typing.get_origin(base) is tuple or base is tuple:
-            items = value.split(",") if isinstance(value, str) else list(value)
-            if typing.get_args(base)[:1] == (int,):
-                return tuple(_integer(v) for v in items if str(v).strip())
-            return tuple(str(v).strip() for v in items if str(v).strip())
-        if base is bool:
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "1", "yes", "on"):
-                return True
-            if str(value).lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError(value)
-        if base is int:
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            return int(value)
-        if base is float:
-            out = float(value)
-            if math.isnan(out):
-                raise ValueError(value)
-            return out
-        return str(value)
+        return parse_value(base, value, text)
     except (TypeError, ValueError):
-        raise ConfigError(f"'{section}.{key}' expects {getattr(base, '__name__', base)}, got {value!r}") from None
+        raise ConfigError(f"'{section}.{key}' expects {type_name(base)}, got {value!r}") from None
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConfig:
@@ -382,18 +384,29 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConf
             raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(_CLASSES)})")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
-        kwargs = {k: _coerce(section, k, v) for k, v in values.items()}
-        sections[section] = _CLASSES[section](**kwargs)
-    return RunConfig(**sections)
+        try:
+            kwargs = {k: _coerce(section, k, v) for k, v in values.items()}
+            sections[section] = _CLASSES[section](**kwargs)
+        except DPGRPOError as err:  # name the file too: "c.toml: 'train.steps' expects ..."
+            raise type(err)(f"{source}: {err}") from None
+    try:
+        return RunConfig(**sections)
+    except DPGRPOError as err:
+        raise type(err)(f"{source}: {err}") from None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     """Parse a TOML file; a missing file or bad TOML is a ConfigError naming the file."""
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as err:  # TOML is UTF-8 by definition
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); "
+                          "TOML files must be UTF-8") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a folder, not a TOML config file") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: invalid TOML ({err})") from None
 
@@ -429,7 +442,7 @@ def _parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
         section, key = dotted.strip().split(".", 1)
         if section not in _CLASSES:
             raise ConfigError(f"unknown section '{section}' in override {item!r}")
-        changes.setdefault(section, {})[key] = _coerce(section, key, value.strip())
+        changes.setdefault(section, {})[key] = _coerce(section, key, value.strip(), text=True)
     return changes
 
 

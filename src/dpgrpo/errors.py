@@ -58,12 +58,24 @@ class RecoveryError(DPGRPOError):
     repair without risking the ledger; the message names the file."""
 
 
+class UserCodeError(DPGRPOError):
+    """Code the user supplied (a custom task module, its factory, a reward function) raised.
+
+    The message names the module or function and, during training, the round; the user's
+    traceback is not the library's failure, so the CLI shows it as one line like any error.
+    """
+
+
 class RunLockedError(DPGRPOError):
     """Another process is writing to the run directory (one writer per run)."""
 
 
 class DiskFullError(DPGRPOError, OSError):
     """A write failed because the disk (or quota) is full; the message says where."""
+
+
+class ReadOnlyError(DPGRPOError, OSError):
+    """A write failed because the directory or filesystem is read-only; the message says where."""
 
 
 class MechanismAuditError(PrivacyError):

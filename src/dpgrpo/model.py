@@ -120,6 +120,13 @@ class ModelSource:
     def gguf_path(self) -> Path | None:
         return Path(self.location) / self.gguf_file if self.gguf_file else None
 
+    @property
+    def is_hub_id(self) -> bool:
+        """Whether ``from_pretrained`` would have to fetch it from the hub (not a local folder,
+        not a GGUF file, not an object handed over in memory)."""
+        return (self.gguf_file is None and self.location == self.name
+                and self.name not in _OBJECTS and not Path(self.location).is_dir())
+
 
 @dataclass
 class Policy:
@@ -204,6 +211,32 @@ def resolve_model(name: str) -> ModelSource:
     return ModelSource(name, name)  # hub id: from_pretrained downloads it (needs internet)
 
 
+def check_hub_reachable(name: str) -> None:
+    """A hub id that is not in the local cache needs the hub: say at once when it cannot be
+    reached (HF_HUB_OFFLINE, or no connection) instead of letting transformers retry."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return  # cached: from_pretrained works offline
+    except Exception:  # an id the hub library rejects: from_pretrained will name it
+        return
+    offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+                  for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if not offline:
+        import socket
+
+        try:
+            socket.create_connection(("huggingface.co", 443), timeout=3).close()
+            return
+        except OSError:
+            pass
+    why = "HF_HUB_OFFLINE is set" if offline else "huggingface.co cannot be reached"
+    raise ConfigError(f"model.name = {name!r} is not a model folder here, and it is not in "
+                      f"the Hugging Face cache; {why}, so it cannot be downloaded (give the "
+                      "path of a model folder, or go online)")
+
+
 # --- dequantized GGUF cache --------------------------------------------------------------
 
 def _cache_root() -> Path | None:
@@ -255,6 +288,8 @@ def load_tokenizer(name: str) -> Any:
     else:
         if source.gguf_file is not None:
             _require_gguf(source)
+        if source.is_hub_id:
+            check_hub_reachable(source.location)
         tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
         if cache is not None:
             _write_cache(cache / "tokenizer", tokenizer)
@@ -293,6 +328,8 @@ def load_base_model(name: str, dtype: str | torch.dtype = "float32",
         model.requires_grad_(False)
         return model.to(device=device, dtype=_dtype(dtype)).eval()
     source, torch_dtype = resolve_model(name), _dtype(dtype)
+    if source.is_hub_id:
+        check_hub_reachable(source.location)
     cache = _gguf_cache_dir(source)
     if cache is not None and (cache / "model").is_dir():
         model = AutoModelForCausalLM.from_pretrained(cache / "model", dtype=torch_dtype)

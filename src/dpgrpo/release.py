@@ -75,6 +75,37 @@ def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
                         path=str(release_config_path(release))) from None
 
 
+def read_certificate(release_dir: Path) -> dict[str, Any]:
+    """``certificate.json`` as a dict; a damaged one (not UTF-8, not JSON, not an object, no
+    epsilon) is a ReleaseError naming the file: nothing is published on a guess."""
+    path = release_dir / "certificate.json"
+    try:
+        cert = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ReleaseError(f"{path} is damaged ({' '.join(str(err).split())[:120]}); "
+                           "re-create the release with dpgrpo train --resume RUN_DIR") from None
+    if not isinstance(cert, dict) or "epsilon" not in cert or "releasable" not in cert:
+        raise ReleaseError(f"{path} is damaged (not a certificate: no epsilon/releasable); "
+                           "re-create the release with dpgrpo train --resume RUN_DIR")
+    return cert
+
+
+def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
+    """Compare each release file with the sha256 the certificate recorded when it was
+    written (``files_sha256``); a mismatch is a ReleaseError naming the file."""
+    from dpgrpo.atomic import sha256_file
+
+    recorded = cert.get("files_sha256") or {}
+    if not isinstance(recorded, dict):
+        raise ReleaseError(f"{release_dir / 'certificate.json'} is damaged (files_sha256)")
+    for name, digest in sorted(recorded.items()):
+        path = release_dir / name
+        if not path.is_file() or sha256_file(path) != digest:
+            raise ReleaseError(f"{path} does not match the sha256 its certificate recorded: the "
+                               "file is damaged; re-create the release with dpgrpo train "
+                               "--resume RUN_DIR")
+
+
 def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, Any]:
     """The certificate of a release that may be published; refuses recovery/ and anything that
     is not a complete release, and a certificate that says not releasable unless ``force``."""
@@ -88,7 +119,8 @@ def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, An
     for name in ("adapter_model.safetensors", "adapter_config.json", "certificate.json"):
         if not (release_dir / name).is_file():
             raise ReleaseError(f"{release_dir} is not a complete release (no {name})")
-    cert = json.loads((release_dir / "certificate.json").read_text(encoding="utf-8"))
+    cert = read_certificate(release_dir)
+    verify_release_files(release_dir, cert)
     if not cert.get("releasable") and not force:
         raise ReleaseError(f"{release_dir}: the certificate says NOT releasable "
                            f"({cert.get('not_releasable_because', 'no reason given')}); "

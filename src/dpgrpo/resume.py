@@ -171,7 +171,21 @@ def release_is_current(run_dir: Path, round_done: int, rounds_charged: int) -> b
     names = {"adapter_model.safetensors", "adapter_config.json", "dpgrpo_config.json"}
     return (cert is not None and cert.get("rounds_retained") == round_done
             and cert.get("rounds_charged") == rounds_charged
-            and all((layout.release / name).is_file() for name in names))
+            and all((layout.release / name).is_file() for name in names)
+            and _release_intact(layout.release, cert))
+
+
+def _release_intact(release: Path, cert: dict[str, Any]) -> bool:
+    """Whether every release file matches the sha256 its certificate recorded (a damaged one
+    is rewritten from the checkpoint by the caller, with a warning)."""
+    from dpgrpo.release import verify_release_files
+
+    try:
+        verify_release_files(release, cert)
+    except DPGRPOError as err:
+        log.warning("%s", err)
+        return False
+    return True
 
 
 __all__ = ["Evidence", "check_charged", "gather_evidence", "read_run_config", "reconcile",

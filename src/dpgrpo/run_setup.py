@@ -19,6 +19,7 @@ import torch
 from dpgrpo import __version__
 from dpgrpo.arm_table import ARMS, arm_spec
 from dpgrpo.config import ModelConfig, RunConfig
+from dpgrpo.errors import ConfigError
 from dpgrpo.grads import trainable_parameters
 from dpgrpo.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.privacy.accounting import (
@@ -126,9 +127,32 @@ class RunState:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``model.device`` as a torch device that this machine has ("auto": CUDA if present).
+
+    A string torch cannot parse, or a device the machine lacks, is a ConfigError naming
+    model.device, before any folder or round (torch would fail later, mid-load, with a
+    traceback).
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"model.device = {name!r} is not a device (use auto, cpu, cuda, "
+                          "cuda:N or mps)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"model.device = {name!r}, but this machine has no CUDA device "
+                              "(use auto or cpu)")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"model.device = {name!r}, but this machine has {count} CUDA "
+                              f"device(s) (cuda:0..cuda:{count - 1})")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"model.device = {name!r}, but MPS is not available here")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"model.device = {name!r}: dpgrpo runs on cpu, cuda or mps")
+    return device
 
 
 def _slots(config: RunConfig, task: Any, run_dir: Path,

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
+from dpgrpo.atomic import disk_full_guard
 from dpgrpo.errors import RunLockedError
 
 LOCK_NAME = ".lock"
@@ -33,9 +34,10 @@ class RunLock:
     def acquire(self) -> "RunLock":
         """Take the lock or raise :class:`RunLockedError` naming the holder's pid."""
         self._created = not self.directory.exists()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        with disk_full_guard(self.path):
+            self.directory.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -51,10 +53,30 @@ class RunLock:
             if _same_file(fd, self.path):  # not unlinked by a holder that just released it
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
+        try:
+            with disk_full_guard(self.path):
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+        except BaseException:  # a full disk: no lock file (or run directory) left behind
+            self.release()
+            raise
         return self
+
+    def _open(self) -> int:
+        """Open (or create) the lock file; on a full or read-only disk, remove the directory if
+        this lock created it, so a refused start leaves nothing behind."""
+        try:
+            with disk_full_guard(self.path):
+                return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            if self._created:
+                try:
+                    self.directory.rmdir()
+                except OSError:
+                    pass
+                self._created = False
+            raise
 
     def release(self) -> None:
         """Remove the lock file, drop the lock, and remove the directory if this lock created

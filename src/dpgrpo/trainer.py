@@ -35,7 +35,7 @@ from dpgrpo.checkpoint import remove_temporaries, restore_adapter, save_recovery
 from dpgrpo.config import RunConfig, to_toml
 from dpgrpo.distributed import DistContext, barrier, broadcast_object, init_from_env
 from dpgrpo.distributed import privatize_across_ranks, shard
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, UserCodeError
 from dpgrpo.grads import per_prompt_grads, trainable_parameters
 from dpgrpo.metrics import open_metrics
 from dpgrpo.privacy.accounting import pld_epsilon
@@ -144,7 +144,12 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         plan = round_prompts(records, run.chooser,                    # a contributor: <= k
                              [key.reader(s, 0, "choose") for s in mine])
         coins = PromptCoins.for_records(key, mine, plan.bounds)       # bound to (round, slot)
-        batch, info = arm.batch(plan.prompts, coins=coins)            # lines 4-6 (objective)
+        try:
+            batch, info = arm.batch(plan.prompts, coins=coins)        # lines 4-6 (objective)
+        except UserCodeError as err:  # the round is charged (journal): the run stays resumable
+            raise UserCodeError(f"round {t + 1}: {err}; round {t + 1} stays charged to the "
+                                f"privacy ledger; fix it, then: dpgrpo train --resume "
+                                f"{run_dir}") from None
         grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                                  method=_grad_method(config),
                                  rows_per_pass=config.train.rows_per_pass(arm.cap),

@@ -102,6 +102,8 @@ GOOD_GSM8K = json.dumps({"question": "1+1?", "answer": "1+1=2\n#### 2"}).encode(
     (json.dumps({"question": 7, "answer": "#### 2"}).encode(), "question", "expected a string"),
     (b'{"question": "caf\xe9", "answer": "#### 2"}', None, "undecodable"),
     (b'{"question": ', None, "invalid JSON"),
+    (json.dumps({"question": "x" * (1 << 20), "answer": "#### 2"}).encode(), None,
+     "over the 1,048,576-byte bound"),  # issue 33: a 64 MB line was accepted
 ])
 def test_bad_gsm8k_records_fail_with_file_line_field(tmp_path: Path, bad: bytes,
                                                      field: str | None, message: str) -> None:
@@ -146,6 +148,24 @@ def test_svamp_json_array_errors_carry_the_record_line(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="not a number") as info:
         load_problems("svamp", "eval", tmp_path)
     assert info.value.line == 8 and info.value.field == "Answer"
+
+
+def test_record_bound_counts_the_line_ending_and_keeps_line_numbers(
+        tmp_path: Path) -> None:
+    from dpgrpo.tasks.records import read_jsonl, read_json_array
+
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'"' + b"a" * 8 + b'"\r\n' + b'"' + b"b" * 8 + b'"\n\n"c"')
+    rows = list(read_jsonl(path, max_bytes=12))  # line 1: 12 bytes, line 2: 11, line 4: 3
+    assert [line for line, _ in rows] == [1, 2, 4] and rows[1] == (2, "b" * 8)
+    rows = list(read_jsonl(path, max_bytes=11))  # line 1 is now one byte over
+    assert isinstance(rows[0][1], DataError) and rows[0][1].line == 1
+    assert rows[1:] == [(2, "b" * 8), (4, "c")]
+    assert [r for _, r in read_jsonl(path)][0] == "a" * 8  # no bound: read as before
+    array = tmp_path / "a.json"
+    array.write_text('[\n"' + "a" * 8 + '",\n"' + "b" * 9 + '"\n]')
+    rows = list(read_json_array(array, max_bytes=10))
+    assert rows[0] == (2, "a" * 8) and isinstance(rows[1][1], DataError) and rows[1][0] == 3
 
 
 def test_summary_reports_sizes_skips_and_errors(tmp_path: Path) -> None:

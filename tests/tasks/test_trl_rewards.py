@@ -154,6 +154,30 @@ def test_a_trl_reward_must_return_one_value_per_completion():
     assert nan.group_rewards(["a", "b", "c"], problem) == [0.0, 0.0, 0.0]
 
 
+def _broken_trl(prompts, completions, **kwargs):
+    raise KeyError("solution")
+
+
+def _broken_dpgrpo(completion, problem):
+    return 1.0 / 0
+
+
+@pytest.mark.parametrize("fn, where, what", [
+    (_broken_trl, f"{__name__}._broken_trl", "KeyError: 'solution'"),
+    (_broken_dpgrpo, f"{__name__}._broken_dpgrpo", "ZeroDivisionError: float division by zero"),
+])
+def test_a_raising_reward_is_one_user_code_error_naming_it(fn, where, what):
+    """Issue 33: either convention's exception becomes one line (the trainer adds the round)."""
+    from dpgrpo.errors import UserCodeError
+
+    task = make_task([{"prompt": "x"}], fn)
+    (problem,) = task.load_split("train").problems
+    with pytest.raises(UserCodeError) as info:
+        task.group_rewards(["a", "b"], problem)
+    assert f"reward function {where} raised {what}" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_problem_records_and_canaries_give_their_fields_as_columns():
     from dpgrpo.tasks import Problem
 

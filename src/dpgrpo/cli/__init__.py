@@ -12,12 +12,15 @@ JSON object on stdout. Older spellings (``train --output-dir``, ``protocol --con
 
 from __future__ import annotations
 
+import errno
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
 
 from dpgrpo import __version__
+from dpgrpo.atomic import full_message, read_only_message
 from dpgrpo.errors import DPGRPOError
 
 app = typer.Typer(
@@ -60,4 +63,11 @@ def main(argv: list[str] | None = None) -> None:
         app(args=argv, standalone_mode=True)
     except DPGRPOError as err:
         typer.secho(f"error: {err}", err=True, fg="red")
+        sys.exit(2)
+    except OSError as err:  # a full or read-only disk outside a guarded write: still one line
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        where = Path(err.filename) if err.filename else Path.cwd()
+        message = full_message(where) if err.errno != errno.EROFS else read_only_message(where)
+        typer.secho(f"error: {message}", err=True, fg="red")
         sys.exit(2)

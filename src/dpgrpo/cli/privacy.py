@@ -117,7 +117,9 @@ def epsilon_cmd(
 ) -> None:
     """Epsilon of T Poisson-subsampled Gaussian rounds (PLD, with RDP beside it)."""
     from dpgrpo.privacy.accounting import compute_epsilon
+    from dpgrpo.privacy.limits import check_accountable_sigma
 
+    check_accountable_sigma(sigma, "--sigma")  # before the accountant tries (GiB, minutes)
     _emit(compute_epsilon(n, expected_batch, steps, sigma, delta).to_dict(), as_json, "epsilon")
 
 
@@ -179,6 +181,9 @@ def convert_cmd(
     elif n is not None and expected_batch is not None and steps is not None and sigma is not None:
         if steps < 1 or not sigma > 0:
             raise PrivacyBudgetError(f"need --steps >= 1 and --sigma > 0, got {steps}, {sigma}")
+        from dpgrpo.privacy.limits import check_accountable_sigma
+
+        check_accountable_sigma(sigma, "--sigma")
         events = [RoundEvent(sampling_rate(n, expected_batch), sigma, steps)]
         delta = default_delta(n) if delta is None else delta
         figure = neighbour_figure(events, delta, relation, group)

@@ -86,11 +86,14 @@ def train_cmd(
 
 def _check_inputs(cfg) -> None:
     """Resolve the task and the model name (no loading): errors name the bad value."""
-    from dpgrpo.model import resolve_model
+    from dpgrpo.model import check_hub_reachable, resolve_model
+    from dpgrpo.run_setup import resolve_device
     from dpgrpo.tasks import get_task
 
     get_task(cfg.data.task)
-    resolve_model(cfg.model.name)
+    if resolve_model(cfg.model.name).is_hub_id:  # offline: say so now, not after retries
+        check_hub_reachable(cfg.model.name)
+    resolve_device(cfg.model.device)
 
 
 def _interrupted(run_dir: Path) -> NoReturn:

@@ -36,6 +36,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from dpgrpo.errors import PrivacyBudgetError
 from dpgrpo.privacy.group import ADD_OR_REMOVE, REPLACE, composed_pld
+from dpgrpo.privacy.limits import check_accountable_sigma
 
 NEIGHBOURING_RELATION = ADD_OR_REMOVE
 ACCOUNTANT = "dp_accounting PLD (pessimistic connect-the-dots)"
@@ -168,6 +169,7 @@ def compute_epsilon(n: int, expected_batch: float, steps: int, sigma: float,
         raise PrivacyBudgetError(f"steps must be >= 1, got {steps}")
     if not sigma > 0:
         raise PrivacyBudgetError(f"a private run needs sigma > 0, got {sigma}")
+    check_accountable_sigma(sigma)
     events = [RoundEvent(q, sigma, steps)]
     r_eps, r_order = rdp_epsilon(events, delta)
     return EpsilonReport(pld_epsilon(events, delta), delta, r_eps, r_order, q, sigma, steps, n,

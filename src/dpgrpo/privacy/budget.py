@@ -49,6 +49,13 @@ def public_slots(config: RunConfig, task: Any = None) -> PublicSlots:
     check_public_n(task, data.n_slots, data.limit)  # a private list's length is not public
     loaded = load_split(task, data.split, data.data_dir, source=data.source,
                         skip_invalid=data.skip_invalid)
+    if not loaded.problems and loaded.skipped:  # a run on no data at all would still "release"
+        from dpgrpo.errors import EmptyDataError
+
+        first = loaded.skipped[0]
+        raise EmptyDataError(f"no valid record: data.skip_invalid = true skipped every record "
+                             f"of split {data.split!r} (the first: {first}); nothing to train on",
+                             path=None)
     k = config.audit.canaries
     if data.privacy_unit == CONTRIBUTOR:  # the record is a contributor (privacy/contributors.py)
         contributors, count = contributor_slots(data, task, loaded, k)

@@ -28,6 +28,7 @@ from dpgrpo.privacy.accounting import (
     rdp_epsilon,
     sampling_rate,
 )
+from dpgrpo.privacy.limits import min_sigma
 
 @dataclass(frozen=True)
 class Calibration:
@@ -95,12 +96,17 @@ def _coarse_root(s: _Search) -> tuple[float, float]:
             lo, hi = hi, hi * 2.0
             if hi > 1e4:
                 raise unreachable()
-    else:  # enough noise: shrink until the target is missed
+    else:  # enough noise: shrink until the target is missed, never below the accountant's floor
+        floor = min_sigma()
         lo, hi = 0.5, 1.0
-        while s.gap(lo, 1e-2) <= 0:
-            lo, hi = lo / 2.0, lo
-            if lo < 1e-3:
-                raise PrivacyBudgetError(f"epsilon={s.target} is met by sigma < 1e-3; check inputs")
+        while s.gap(lo, 1e-2) <= 0:  # the 1e-2 grid overstates epsilon: met here, met exactly
+            if lo <= floor:
+                raise PrivacyBudgetError(
+                    f"epsilon={s.target} is met by a noise multiplier below {floor:.3g}, the "
+                    "smallest the PLD accountant can evaluate (dpgrpo.privacy.limits: its grid "
+                    "would outgrow memory), so no sigma for it can be certified; choose a "
+                    f"smaller epsilon (q={s.q:.4g}, T={s.steps}, delta={s.delta:.3g})")
+            lo, hi = max(lo / 2.0, floor), lo
     sigma = optimize.brentq(lambda x: s.gap(x, 1e-2), lo, hi, rtol=1e-6)
     # Slope on the 1e-3 grid by a secant over a 1e-4 relative step; the gap at sigma is then
     # extrapolated to the default grid (the pessimistic grid error shrinks like vdi**2,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.errors import ConfigError, DataError, DPGRPOError, UserCodeError
 from dpgrpo.tasks.bounded import run_bounded
 
 #: Default wall-clock bound of one symbolic check, in seconds (a timeout counts as incorrect).
@@ -226,6 +226,12 @@ def _load_external(name: str) -> VerifiedTask:
         except (ImportError, AttributeError, ValueError) as err:
             raise ConfigError(f"task {name!r}: cannot load {attr!r} from module "
                               f"{module_name!r} ({err})") from None
+        except SyntaxError as err:  # the user's module does not parse
+            raise UserCodeError(f"task {name!r}: module {module_name!r} has a syntax error "
+                                f"({err.filename}, line {err.lineno}: {err.msg})") from None
+        except Exception as err:  # the user's module raised while it was imported
+            raise UserCodeError(f"task {name!r}: importing module {module_name!r} raised "
+                                f"{_describe(err)}") from None
     else:
         found = importlib.metadata.entry_points(group="dpgrpo.tasks", name=name)
         if not found:
@@ -233,13 +239,25 @@ def _load_external(name: str) -> VerifiedTask:
                               "package.module:attr, or an entry point of group dpgrpo.tasks)")
         obj = next(iter(found)).load()
     if not isinstance(obj, VerifiedTask) and callable(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except DPGRPOError:
+            raise
+        except Exception as err:  # the user's factory failed
+            raise UserCodeError(f"task {name!r}: the factory {name}() raised "
+                                f"{_describe(err)}") from None
     if not isinstance(obj, VerifiedTask):
         raise ConfigError(f"task {name!r} resolved to a {type(obj).__name__}: expected a "
                           "dpgrpo.tasks.VerifiedTask (e.g. from dpgrpo.make_task) or a factory "
                           "returning one")
     _TASKS[name] = replace(obj, name=name)
     return _TASKS[name]
+
+
+def _describe(err: BaseException) -> str:
+    """``Type: message`` of an exception from user code, on one line."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def task_names() -> list[str]:

@@ -23,8 +23,9 @@ matter. A reward that is None (TRL: "does not apply") or not a finite number cou
 fixed rule: invariant 3; TRL's ``nansum``). Privacy: a reward function is public code and must
 depend only on its own call's arguments: state shared between calls (a cache, a counter, a
 running mean) would carry one problem's data into another prompt's gradient and break the
-guarantee. A reward function that raises ends the run, a crash that can depend on the data (the
-certificate's ``crashes`` note): make it total. Rewards run in-process, without the built-in
+guarantee. A reward function that raises ends the run with one ``error:`` line naming it and the round,
+which stays charged (``dpgrpo train --resume`` continues once it is fixed): a crash that can
+depend on the data (the certificate's ``crashes`` note), so make it total. Rewards run in-process, without the built-in
 verifiers' wall-clock bound.
 
 The number of problems in a list is private unless the list itself is published, so a run of a
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.errors import ConfigError, DataError, DPGRPOError, UserCodeError
 from dpgrpo.tasks.base import LoadedSplit, Problem, Verdict, VerifiedTask
 from dpgrpo.tasks.trl_rewards import TRLReward, is_trl_reward, trl_reward
 
@@ -90,10 +91,14 @@ class RewardTask(VerifiedTask):
         weights = self.reward_weights or (1.0,) * len(self.reward_fns)
         totals = [0.0] * len(responses)
         for fn, weight in zip(self.reward_fns, weights):
-            if isinstance(fn, TRLReward):
-                values = fn(self.prompt(problem), responses, record, completion_ids)
-            else:
-                values = [_number(fn(response, record)) for response in responses]
+            try:  # user code: its exception becomes one line naming it, not a traceback
+                values = (fn(self.prompt(problem), responses, record, completion_ids)
+                          if isinstance(fn, TRLReward)
+                          else [_number(fn(response, record)) for response in responses])
+            except DPGRPOError:
+                raise
+            except Exception as err:
+                raise _reward_error(self.name, fn, err) from None
             for j, value in enumerate(values):
                 totals[j] += weight * value if math.isfinite(value) else 0.0
         return totals
@@ -113,6 +118,15 @@ class RewardTask(VerifiedTask):
             return self.verify(response, problem)
 
         return {"strict": strict}
+
+
+def _reward_error(task: str, fn: Any, err: Exception) -> UserCodeError:
+    """A reward function's exception as one line naming ``module.function``."""
+    inner = fn.fn if isinstance(fn, TRLReward) else fn
+    where = f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', repr(inner))}"
+    text = " ".join(str(err).split())
+    return UserCodeError(f"task {task!r}: reward function {where} raised "
+                         f"{type(err).__name__}" + (f": {text}" if text else ""))
 
 
 def _number(value: Any) -> float:

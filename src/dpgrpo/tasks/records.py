@@ -18,6 +18,11 @@ from dpgrpo.tasks.base import LoadedSplit, Problem
 #: One raw record: its line (or hub row number) and the decoded object, or why it failed.
 RawRecord = tuple[int, Any]
 
+#: Largest record of a benchmark file, in bytes (public pre-processing, like an invalid record:
+#: a bigger one stops the load, or with skip_invalid is an absent slot). A prompt is a few KB;
+#: a 64 MB line would be tokenized into a context no model has and stall the first round.
+MAX_RECORD_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class Row:
@@ -68,12 +73,17 @@ def _decode(raw: bytes, path: Path, line: int) -> str:
                         path=str(path), line=line) from None
 
 
-def read_jsonl(path: Path) -> Iterator[RawRecord]:
-    """Yield ``(line, object)`` per nonblank line; a bad line yields ``(line, DataError)``."""
+def read_jsonl(path: Path, max_bytes: int | None = None) -> Iterator[RawRecord]:
+    """Yield ``(line, object)`` per nonblank line; a bad line yields ``(line, DataError)``, and
+    so does a line over ``max_bytes`` with its line ending (read in pieces, never held whole)."""
     if not path.is_file():
         raise DataError("file not found", path=str(path))
     with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(_lines(handle, max_bytes), start=1):
+            if isinstance(raw, int):
+                yield number, DataError(f"record of {raw:,} bytes, over the {max_bytes:,}-byte "
+                                        "bound on one record", path=str(path), line=number)
+                continue
             if not raw.strip():
                 continue
             if number == 1:
@@ -87,7 +97,25 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
                                         path=str(path), line=number)
 
 
-def read_json_array(path: Path) -> Iterator[RawRecord]:
+def _lines(handle: Any, max_bytes: int | None) -> Iterator[bytes | int]:
+    """The file's lines, or for a line over ``max_bytes`` (its line ending included) its size."""
+    while True:
+        raw = handle.readline() if max_bytes is None else handle.readline(max_bytes + 1)
+        if not raw:
+            return
+        if max_bytes is None or len(raw) <= max_bytes:  # shorter than the limit: a whole line
+            yield raw
+            continue
+        size = len(raw)
+        while not raw.endswith(b"\n"):  # skip the rest of the long line, 1 MiB at a time
+            raw = handle.readline(1 << 20)
+            if not raw:
+                break
+            size += len(raw)
+        yield size
+
+
+def read_json_array(path: Path, max_bytes: int | None = None) -> Iterator[RawRecord]:
     """Yield ``(line, object)`` for each element of a top-level JSON array (e.g. SVAMP)."""
     if not path.is_file():
         raise DataError("file not found", path=str(path))
@@ -105,10 +133,13 @@ def read_json_array(path: Path) -> Iterator[RawRecord]:
     while pos < len(text) and text[pos] != "]":
         line = text.count("\n", 0, pos) + 1
         try:
-            obj, pos = decoder.raw_decode(text, pos)
+            obj, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
             raise DataError(f"invalid JSON ({err.msg})", path=str(path), line=err.lineno) from None
-        yield line, obj
+        too_big = max_bytes is not None and len(text[pos:end].encode("utf-8")) > max_bytes
+        yield line, (DataError(f"record over the {max_bytes:,}-byte bound on one record",
+                               path=str(path), line=line) if too_big else obj)
+        pos = end
         pos = _skip(text, pos)
         if pos < len(text) and text[pos] == ",":
             pos = _skip(text, pos + 1)

@@ -9,6 +9,7 @@ from pathlib import Path
 from dpgrpo.errors import ConfigError, EmptyDataError
 from dpgrpo.tasks.base import LoadedSplit, Problem
 from dpgrpo.tasks.records import (
+    MAX_RECORD_BYTES,
     RawRecord,
     Row,
     build_problems,
@@ -44,7 +45,7 @@ class Source:
             raise ConfigError(f"{self.folder}: pass the folder holding the benchmark files")
         path = resolve_dir(data_dir, self.folder, self.filename) / self.filename
         reader = read_json_array if path.suffix == ".json" else read_jsonl
-        return [(str(path), list(reader(path)))]
+        return [(str(path), list(reader(path, MAX_RECORD_BYTES)))]
 
     def load(self, data_dir: str | Path | None, *, skip_invalid: bool = False,
              source: str = "local") -> LoadedSplit:
