@@ -421,21 +421,34 @@ def check_public_warm_start(warm: RunConfig, study: RunConfig, eval_split: str) 
                           "warm start a fresh adapter")
 
 
-def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
-    """Train the public warm start and evaluate it like an arm (None without one)."""
+def _warm_start_train(st: _Study, steps: Steps) -> dict[str, Any]:
+    """Train the public warm start (before any arm: they all start from it); its certificate."""
+    return steps.run("public warm start: train",
+                     lambda: _train_once(st.warm_start, st.out / WARM_START))
+
+
+def _warm_start_eval(st: _Study, steps: Steps) -> None:
+    """Score the warm start alone on the eval split, as the arms are scored."""
     from dpgrpo.protocol import eval_complete, evaluate
     from dpgrpo.rundir import RunDir
 
-    if not st.settings.warm_start:
-        return None
-    cfg, run_dir = st.warm_start, st.out / WARM_START
-    cert = steps.run("public warm start: train", lambda: _train_once(cfg, run_dir))
+    run_dir = st.out / WARM_START
     if not eval_complete(run_dir / "eval", st.plan.n_eval):
         steps.run("public warm start: evaluate", lambda: evaluate(
             st.plan, run_dir / "eval", adapter=RunDir(run_dir).release, arm=WARM_START,
             seed=None))
-    from dpgrpo.model import adapter_digest
 
+
+def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
+    """The public warm start, trained and evaluated (None without one)."""
+    from dpgrpo.model import adapter_digest
+    from dpgrpo.rundir import RunDir
+
+    if not st.settings.warm_start:
+        return None
+    cert = _warm_start_train(st, steps)
+    _warm_start_eval(st, steps)
+    run_dir = st.out / WARM_START
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     release = RunDir(run_dir).release
     return {"overrides": dict(st.settings.warm_start), "certificate": cert,
@@ -506,6 +519,8 @@ def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     for eps in st.settings.sweep if sweep else ():
         tasks[f"sweep-eps{eps:g}"] = functools.partial(_sweep_run, st.plan, eps)
     tasks["base"] = lambda steps: _base_steps(st, steps)
+    if st.settings.warm_start:      # trained before the tasks start (run_study)
+        tasks[f"{WARM_START}-eval"] = lambda steps: _warm_start_eval(st, steps)
     for audit, what in _PERMUTED:   # last: by then the audits (first) have saved their features
         if audit != "dp-leaky-mia" or st.settings.dp_leaky:
             tasks[f"{audit}-permutation"] = functools.partial(_permutation_steps, st,
@@ -585,8 +600,8 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     st = _Study.load(config_path, out_dir, overrides)
     settings, plan, out = st.settings, st.plan, st.out
     with RunLock(out / "steps", what="study folder"):
-        # first, in this process: every protocol arm starts from the warm start's adapter
-        _warm_start_steps(st, Steps(say, out / "steps" / f"{WARM_START}.json"))
+        if settings.warm_start:   # first, here: every protocol arm starts from its adapter
+            _warm_start_train(st, Steps(say, out / "steps" / f"{WARM_START}.json"))
         _run_tasks(st, overrides, sweep, say, verbose)
         steps = Steps(say, out / "steps.json",
                       others=sorted((out / "steps").glob("*.json")))
