@@ -54,6 +54,12 @@ audit_permutations = 3
 "data.limit" = 6
 "privacy.expected_batch" = 3
 "audit.canaries" = 4
+[study.warm_start]
+"train.arm" = "non-private-gold-sft"
+"privacy.noise_multiplier" = "none"
+"data.task" = "arithmetic-2"
+"data.limit" = 6
+"privacy.expected_batch" = 3
 """
 
 KEYS = {"nonprivate_gain_pp", "nonprivate_gain_ci", "dp_vs_control_pp", "dp_vs_control_ci",
@@ -124,6 +130,22 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     summary = json.loads((out / "audit" / "leaky-mia" / "summary.json").read_text())
     assert summary["permutation"]["permutations"] == 3 and "permutation p =" in page
     assert "## Permutation test" in (out / "audit" / "leaky-mia" / "report.md").read_text()
+    # the public warm start: trained first, every protocol arm starts from its adapter (the
+    # certificates record its sha256), the audit runs do not, and it is scored beside the arms
+    from dpgrpo.model import adapter_digest
+
+    digest = adapter_digest(out / "warm-start" / "release")
+    for run in ("dp-grpo-seed1", "zero-advantage-seed1", "non-private-seed1", "sweep/dp-grpo-eps64"):
+        path = out / ("" if "/" in run else "runs") / run / "release" / "certificate.json"
+        assert json.loads(path.read_text())["adapter"]["init_adapter"]["sha256"] == digest, run
+    assert leaky_cert["adapter"]["init_adapter"] is None and twin_cert["adapter"]["init_adapter"] is None
+    warm_cert = json.loads((out / "warm-start" / "release" / "certificate.json").read_text())
+    assert (warm_cert["arm"], warm_cert["private"]) == ("non-private-gold-sft", False)
+    assert "warm-start" in {a["name"] for a in record["details"]["report"]["arms"]}
+    assert record["warm_start_gain_pp"] == record["warm_start_accuracy"] - next(
+        a["accuracy"]["strict"] for a in record["details"]["report"]["arms"] if a["name"] == "base")
+    assert len(record["dp_vs_warm_start_ci"]) == 2 and "public warm start" in page
+    assert steps[0] == "public warm start: train" or "public warm start: train" in steps
     # a rerun finds everything done: the same results, no new training
     journal = out / "audit" / "leaky" / "recovery" / "journal.jsonl"
     before = journal.read_text()
@@ -176,6 +198,32 @@ def test_a_study_folder_holding_another_run_is_refused(tiny_model_dir: Path, tmp
         _train_once(apply_overrides(cfg, ["train.steps=2"]), tmp_path / "run")
     with pytest.raises(ConfigError, match="no private twin"):
         private_twin(apply_overrides(cfg, ["train.arm=dp-grpo"]))
+
+
+def test_a_warm_start_on_the_private_training_data_is_refused(tiny_model_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """The warm start is public input, outside the arms' certificates: the study refuses one
+    that trains on its own training split (or learns its eval split) before any work."""
+    import pytest
+
+    from dpgrpo.errors import ConfigError, PrivacyError
+    from dpgrpo.study import _Study
+
+    text = STUDY_TOML.format(model=tiny_model_dir)
+    config = tmp_path / "study.toml"
+    config.write_text(text.replace('"data.task" = "arithmetic-2"', '"data.task" = "arithmetic"'))
+    with pytest.raises(PrivacyError, match="own training data"):
+        _Study.load(config, tmp_path / "w")
+    config.write_text(text.replace('"data.task" = "arithmetic-2"',
+                                   '"data.task" = "arithmetic"\n"data.split" = "eval"'))
+    with pytest.raises(ConfigError, match="eval split"):
+        _Study.load(config, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+    config.write_text(text)                                     # level 2: another public task
+    plan = _Study.load(config, tmp_path / "w").plan
+    assert plan.references == ((tmp_path / "w" / "warm-start").resolve(),)
+    assert {r.config.model.init_adapter for r in plan.runs} == {
+        str((tmp_path / "w" / "warm-start" / "release").resolve())}
 
 
 def test_steps_keep_the_time_of_the_run_that_did_the_work(tmp_path: Path) -> None:

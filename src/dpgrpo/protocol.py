@@ -145,6 +145,9 @@ class ProtocolPlan:
     budget: BudgetRow           # n, m, sigma, T, delta and epsilon shared by the private arms
     n_eval: int                 # problems each evaluation scores
     runs: tuple[RunSpec, ...]
+    # evaluated public models compared beside the arms (run folders whose eval/ holds the
+    # predictions on the same problems), e.g. the study's public warm start; none trains here
+    references: tuple[Path, ...] = ()
 
     @property
     def base_dir(self) -> Path:
@@ -157,7 +160,8 @@ class ProtocolPlan:
                 "config": self.config.to_dict(public=True), "settings": settings,
                 "budget": self.budget.to_dict(), "n_eval": self.n_eval,
                 "runs": [{"name": r.name, "arm": r.arm, "seed": r.seed,
-                          "run_dir": str(r.run_dir)} for r in self.runs]}
+                          "run_dir": str(r.run_dir)} for r in self.runs],
+                "references": [str(p) for p in self.references]}
 
 
 @dataclass(frozen=True)
@@ -391,7 +395,7 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
     epsilon = check_shared_budget(certificates)
     say("comparing every arm with the base")
     analysis = Settings(draws=plan.settings.draws, sign_draws=plan.settings.sign_draws)
-    _, report = run_compare([s.run_dir for s in plan.runs], plan.base_dir,
+    _, report = run_compare([*(s.run_dir for s in plan.runs), *plan.references], plan.base_dir,
                             plan.out_dir / "compare", settings=analysis, write_json=True,
                             figures=plan.settings.figures)
     results = _results(plan, status, summaries, certificates)

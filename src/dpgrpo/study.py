@@ -18,6 +18,13 @@ task and SmolLM2-135M:
    certified epsilon;
 5. optionally (``--sweep``) DP-GRPO at larger epsilons, each contrasted with the control.
 
+With a ``[study.warm_start]`` table, a public warm start is trained first (overrides of the
+study's config that must move it off the study's training data, e.g. gold SFT without noise on
+a public benchmark) and every protocol arm starts from its adapter (``model.init_adapter``;
+each certificate records its path and sha256). It is evaluated beside the arms, so the page
+shows what the public data alone gives and what private training adds to it. The audit runs
+keep their own recipes and start from a fresh adapter.
+
 Every step is resumable (a rerun into the same folder skips finished work) and timed (wall
 seconds and peak RSS). The work is split into independent tasks (each audited run with its
 audits, each protocol arm with its evaluation, the base evaluation, each sweep point); with
@@ -40,10 +47,14 @@ The ``[study]`` table of the config (stripped before the run config is built) se
     "train.steps" = 16
     [study.private_audit]               # overrides of the audited DP-GRPO run
     "audit.canaries" = 32
+    [study.warm_start]                  # a public warm start for the protocol arms
+    "train.arm" = "non-private-gold-sft"
+    "data.task" = "gsm8k"
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -62,6 +73,7 @@ from dpgrpo.runtime import PeakRSS
 Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
 SWEEP_STEP = "sweep eps="          # the name of every sweep step starts so
+WARM_START = "warm-start"          # the public warm start's folder and arm label
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,7 @@ class StudySettings:
     leaky: Mapping[str, Any] = field(default_factory=dict)
     dp_leaky: bool = False
     private_audit: Mapping[str, Any] = field(default_factory=dict)
+    warm_start: Mapping[str, Any] = field(default_factory=dict)  # public warm start overrides
     audit_prompts_per_batch: int = 16   # prompts per sampling call (x audit_samples rows)
     audit_permutations: int = 50        # label shuffles of each DIBA audit's permutation test
     workers: int = 1                    # processes running independent tasks at once
@@ -357,8 +370,15 @@ class _Study:
         data.pop("tune", None)        # `dpgrpo tune`'s table (dpgrpo.experiments.tune)
         config = config_from_dict(data, source=str(config_path))
         out = Path(out_dir).resolve()
-        return cls(config_path, out, settings, config,
-                   plan_protocol(config, protocol_settings(table), out))
+        arms = config
+        if settings.warm_start:
+            check_public_warm_start(_warm_config(config, settings), config,
+                                    protocol_settings(table).eval_split)
+            arms = apply_overrides(config, [f"model.init_adapter={out / WARM_START / 'release'}"])
+        plan = plan_protocol(arms, protocol_settings(table), out)
+        if settings.warm_start:
+            plan = dataclasses.replace(plan, references=(out / WARM_START,))
+        return cls(config_path, out, settings, config, plan)
 
     @property
     def leaky(self) -> RunConfig:
@@ -368,8 +388,72 @@ class _Study:
     def private(self) -> RunConfig:
         return apply_overrides(self.config, _overrides(self.settings.private_audit))
 
+    @property
+    def warm_start(self) -> RunConfig:
+        return _warm_config(self.config, self.settings)
+
     def audit(self, name: str) -> Path:
         return self.out / "audit" / name
+
+
+def _warm_config(config: RunConfig, settings: StudySettings) -> RunConfig:
+    return apply_overrides(config, _overrides(settings.warm_start))
+
+
+def check_public_warm_start(warm: RunConfig, study: RunConfig, eval_split: str) -> None:
+    """Refuse a warm start that would read the study's private training data or its eval set.
+
+    The warm start's adapter is released inside every arm's adapter and is not covered by their
+    certificates, so it must come from public data only: another task, or another split of the
+    same task (the same task and split is the private training set itself). Its own eval split
+    is public but would be learned by heart before it is scored, so it is refused too."""
+    if warm.data.task == study.data.task and warm.data.split == study.data.split:
+        raise PrivacyError(
+            f"study.warm_start trains on the study's own training data (task "
+            f"{study.data.task!r}, split {study.data.split!r}): a warm start is public input, "
+            "not covered by the arms' certificates; give it a public task or split")
+    if warm.data.task == study.data.task and warm.data.split == eval_split:
+        raise ConfigError(f"study.warm_start trains on the study's eval split ({eval_split!r} "
+                          f"of {study.data.task!r}): the arms would be scored on problems "
+                          "their start has seen")
+    if warm.model.init_adapter is not None:
+        raise ConfigError("study.warm_start starts from model.init_adapter itself: give the "
+                          "warm start a fresh adapter")
+
+
+def _warm_start_train(st: _Study, steps: Steps) -> dict[str, Any]:
+    """Train the public warm start (before any arm: they all start from it); its certificate."""
+    return steps.run("public warm start: train",
+                     lambda: _train_once(st.warm_start, st.out / WARM_START))
+
+
+def _warm_start_eval(st: _Study, steps: Steps) -> None:
+    """Score the warm start alone on the eval split, as the arms are scored."""
+    from dpgrpo.protocol import eval_complete, evaluate
+    from dpgrpo.rundir import RunDir
+
+    run_dir = st.out / WARM_START
+    if not eval_complete(run_dir / "eval", st.plan.n_eval):
+        steps.run("public warm start: evaluate", lambda: evaluate(
+            st.plan, run_dir / "eval", adapter=RunDir(run_dir).release, arm=WARM_START,
+            seed=None))
+
+
+def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
+    """The public warm start, trained and evaluated (None without one)."""
+    from dpgrpo.model import adapter_digest
+    from dpgrpo.rundir import RunDir
+
+    if not st.settings.warm_start:
+        return None
+    cert = _warm_start_train(st, steps)
+    _warm_start_eval(st, steps)
+    run_dir = st.out / WARM_START
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    release = RunDir(run_dir).release
+    return {"overrides": dict(st.settings.warm_start), "certificate": cert,
+            "accuracy": summary["accuracy"], "release": str(release),
+            "sha256": adapter_digest(release)}
 
 
 def _leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
@@ -435,6 +519,8 @@ def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     for eps in st.settings.sweep if sweep else ():
         tasks[f"sweep-eps{eps:g}"] = functools.partial(_sweep_run, st.plan, eps)
     tasks["base"] = lambda steps: _base_steps(st, steps)
+    if st.settings.warm_start:      # trained before the tasks start (run_study)
+        tasks[f"{WARM_START}-eval"] = lambda steps: _warm_start_eval(st, steps)
     for audit, what in _PERMUTED:   # last: by then the audits (first) have saved their features
         if audit != "dp-leaky-mia" or st.settings.dp_leaky:
             tasks[f"{audit}-permutation"] = functools.partial(_permutation_steps, st,
@@ -514,12 +600,15 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     st = _Study.load(config_path, out_dir, overrides)
     settings, plan, out = st.settings, st.plan, st.out
     with RunLock(out / "steps", what="study folder"):
+        if settings.warm_start:   # first, here: every protocol arm starts from its adapter
+            _warm_start_train(st, Steps(say, out / "steps" / f"{WARM_START}.json"))
         _run_tasks(st, overrides, sweep, say, verbose)
         steps = Steps(say, out / "steps.json",
                       others=sorted((out / "steps").glob("*.json")))
         protocol = steps.run("comparison of the arms (report and figures)",
                              lambda: run_protocol(plan, progress=say))
         report = json.loads((out / "compare" / "report.json").read_text())
+        warm = _warm_start_steps(st, steps)
         leaky = _leaky_steps(st, steps)
         dp_leaky = _dp_leaky_steps(st, steps) if settings.dp_leaky else None
         dp_cert, private, canary = _private_steps(st, steps)
@@ -541,7 +630,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
         "workers": settings.workers,
         "plan": plan.to_dict(), "protocol_results": _jsonable(protocol.summaries),
         "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky, "private_mia": private,
-        "canary": canary, "whitebox": whitebox,
+        "canary": canary, "whitebox": whitebox, "warm_start": warm,
         "private_audit_certificate": dp_cert, "dp_certificate": cert, "sweep": sweeps,
         "settings": {k: (dict(v) if isinstance(v, Mapping) else v)
                      for k, v in settings.__dict__.items()},
@@ -588,6 +677,22 @@ def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:
             "whitebox_flagged": audit["flagged"]}
 
 
+def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_gain: float,
+                     nonprivate_gain: float) -> dict[str, Any]:
+    """What the public warm start gives alone, and what DP-GRPO adds to it (none without one)."""
+    warm = results.get("warm_start")
+    if not warm:
+        return {}
+    alone = next(a for a in report["arms"] if a["name"] == WARM_START)["accuracy"]["strict"]
+    base = next(a for a in report["arms"] if a["name"] == report["base"])["accuracy"]["strict"]
+    over = _contrast(report, "dp-grpo", WARM_START)
+    np_over = nonprivate_gain - (alone - base)
+    return {"warm_start_accuracy": alone, "warm_start_gain_pp": alone - base,
+            "dp_vs_warm_start_pp": over["pp"], "dp_vs_warm_start_ci": over["ci"],
+            "retained_share_over_warm_start": (dp_gain - (alone - base)) / np_over
+            if np_over else None}
+
+
 def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     """The keys of ``cpu-study.json`` that the issue and the results page name."""
     report, cert = results["report"], results["dp_certificate"]
@@ -603,7 +708,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
                     "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"],
                     **_permuted("audit_dp_leaky_auc", results["dp_leaky_mia"])}
     dp_gain = _contrast(report, "dp-grpo", "base")["pp"]
-    return {
+    return {**_warm_start_keys(results, report, dp_gain, nonprivate["pp"]),
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
         "dp_gain_pp": dp_gain,
         "retained_share": dp_gain / nonprivate["pp"] if nonprivate["pp"] else None,

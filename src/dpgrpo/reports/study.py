@@ -60,6 +60,25 @@ def _accuracy_rows(report: Mapping[str, Any]) -> list[str]:
     return rows
 
 
+def _warm_start_lines(results: Mapping[str, Any]) -> list[str]:
+    """The public warm start's headline: what it gives alone, what DP-GRPO adds to it."""
+    warm, s = results.get("warm_start"), results["summary"]
+    if not warm:
+        return []
+    cert = warm["certificate"]
+    what = ", ".join(f"{k} = {v}" for k, v in warm["overrides"].items())
+    share = s.get("retained_share_over_warm_start")
+    return [f"- Every trained arm starts from a **public warm start** ({what}; {cert['steps']} "
+            f"rounds, sha256 {warm['sha256'][:12]}...): "
+            f"alone it scores **{s['warm_start_accuracy']:.1f}%** "
+            f"({_pp(s['warm_start_gain_pp'])} pp over the base). DP-GRPO over the warm start: "
+            f"**{_pp(s['dp_vs_warm_start_pp'])} pp** {_ci(s['dp_vs_warm_start_ci'])}"
+            + (f"; of what non-private GRPO adds to the warm start, DP-GRPO keeps "
+               f"{100 * share:.0f}%." if share is not None else ".")
+            + " The warm start reads only public data (the study refuses one on its own "
+            "training split); the arms' certificates cover what they add to it."]
+
+
 def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
     """The results page."""
     s, plan = results["summary"], results["plan"]
@@ -86,6 +105,7 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
            f"{s['trainable_params']:,} trainable coordinates and "
            f"{s['completions_per_arm']:,.0f} completions per trained arm (expected: m G T)."]
           if s.get("retained_share") is not None else []),
+        *_warm_start_lines(results),
         f"- Noise-to-signal ratio sigma C sqrt(p) / (q n) / C = **{s['noise_to_signal']:.1f}** "
         f"(sigma {cert['sigma']:.4f}, p {cert['trainable_coordinates']:,} LoRA coordinates, "
         f"q n {cert['expected_batch']:g}; the paper's MATH point is about 8).",
