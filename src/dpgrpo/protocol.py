@@ -397,7 +397,7 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
     analysis = Settings(draws=plan.settings.draws, sign_draws=plan.settings.sign_draws)
     _, report = run_compare([*(s.run_dir for s in plan.runs), *plan.references], plan.base_dir,
                             plan.out_dir / "compare", settings=analysis, write_json=True,
-                            figures=plan.settings.figures)
+                            figures=plan.settings.figures, fixed=plan.references)
     results = _results(plan, status, summaries, certificates)
     atomic_write_json(plan.out_dir / "protocol.json", {**plan.to_dict(), "results": results})
     return ProtocolResult(plan, status, summaries, certificates, epsilon, report)

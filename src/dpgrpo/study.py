@@ -689,8 +689,9 @@ def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_g
     np_over = nonprivate_gain - (alone - base)
     return {"warm_start_accuracy": alone, "warm_start_gain_pp": alone - base,
             "dp_vs_warm_start_pp": over["pp"], "dp_vs_warm_start_ci": over["ci"],
+            # undefined when non-private GRPO did not gain over its own start
             "retained_share_over_warm_start": (dp_gain - (alone - base)) / np_over
-            if np_over else None}
+            if np_over > 0 else None}
 
 
 def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:

@@ -193,3 +193,20 @@ def test_report_family_holm_pools_all_contrasts(tmp_path: Path) -> None:
     np.testing.assert_allclose([p for r in wide.contrasts for p in r.result.holm_p],
                                stats.holm(flat))
     assert len(flat) == 12
+
+
+def test_a_fixed_arm_pairs_with_every_seed_like_the_base(tmp_path: Path) -> None:
+    """One fixed model (the study's public warm start) is repeated against every seed of the
+    other arm, as the base is, instead of being paired with its first seed only."""
+    base = write_eval(tmp_path / "b", "base", 0, STRICT[("base", 0)])
+    grpo = [write_eval(tmp_path / f"g{s}", "dp-grpo", s, STRICT[("dp-grpo", s)]) for s in (1, 2)]
+    warm = write_eval(tmp_path / "warm" / "eval", "warm-start", None, STRICT[("sft", 1)])
+    cmp, _ = run_compare(grpo + [warm], base, tmp_path / "fixed", settings=FAST, figures=False,
+                         fixed=[tmp_path / "warm"])
+    row = next(r.result for r in cmp.contrasts if (r.comparator, r.scorer) == ("warm-start", "strict"))
+    focal = np.stack([STRICT[("dp-grpo", 1)], STRICT[("dp-grpo", 2)]]).mean(axis=0)
+    assert row.n_seed_pairs == 2
+    assert row.difference == pytest.approx(100 * (focal.mean() - STRICT[("sft", 1)].mean()))
+    first, _ = run_compare(grpo + [warm], base, tmp_path / "first", settings=FAST, figures=False)
+    row1 = next(r.result for r in first.contrasts if (r.comparator, r.scorer) == ("warm-start", "strict"))
+    assert row1.n_seed_pairs == 1 and row1.difference != row.difference

@@ -48,8 +48,11 @@ def _scorers(arms: Sequence[ArmResults]) -> tuple[str, ...]:
 
 
 def compare_arms(base: ArmResults, arms: Sequence[ArmResults],
-                 settings: Settings = Settings()) -> Comparison:
-    """Compute every accuracy and contrast of the report (Sections VII-E, VIII)."""
+                 settings: Settings = Settings(), *, fixed: Sequence[str] = ()) -> Comparison:
+    """Compute every accuracy and contrast of the report (Sections VII-E, VIII).
+
+    ``fixed``: names of arms that are one fixed model, like the base (e.g. the study's public
+    warm start): paired with every seed of the other arm rather than with its first seed."""
     everything = [base, *arms]
     if len({a.name for a in everything}) != len(everything):
         raise ConfigError("arm names must be distinct")
@@ -65,7 +68,7 @@ def compare_arms(base: ArmResults, arms: Sequence[ArmResults],
                 key = (a.name, b.name, s)
                 if key not in cache:
                     x, y = a.correct[s], b.correct[s]                    # (k_a, n), (k_b, n)
-                    if base.name not in (a.name, b.name):
+                    if not {base.name, *fixed} & {a.name, b.name}:
                         k = min(len(x), len(y))
                         x, y = x[:k], y[:k]
                     cache[key] = stats.contrast(
@@ -114,9 +117,14 @@ def write_outputs(comparison: Comparison, out_dir: Path, *, write_json: bool = F
 
 def run_compare(inputs: Sequence[Path], base: Path, out_dir: Path, *,
                 labels: Sequence[str] | None = None, settings: Settings = Settings(),
-                write_json: bool = False, figures: bool = True) -> tuple[Comparison, list[Path]]:
-    """Load the inputs, compare them with the base and write the report (``dpgrpo compare``)."""
+                write_json: bool = False, figures: bool = True,
+                fixed: Sequence[Path] = ()) -> tuple[Comparison, list[Path]]:
+    """Load the inputs, compare them with the base and write the report (``dpgrpo compare``).
+    ``fixed``: inputs that are one fixed model each (paired like the base, see compare_arms)."""
     base_arm, arms = load_arms([Path(p) for p in inputs], Path(base), labels)
-    comparison = compare_arms(base_arm, arms, settings)
+    marks = {Path(p).resolve() for p in fixed}
+    names = [a.name for a in arms
+             if any(q.resolve() == m or m in q.resolve().parents for q in a.paths for m in marks)]
+    comparison = compare_arms(base_arm, arms, settings, fixed=names)
     return comparison, write_outputs(comparison, out_dir, write_json=write_json, figures=figures)
 

@@ -74,7 +74,9 @@ def _warm_start_lines(results: Mapping[str, Any]) -> list[str]:
             f"({_pp(s['warm_start_gain_pp'])} pp over the base). DP-GRPO over the warm start: "
             f"**{_pp(s['dp_vs_warm_start_pp'])} pp** {_ci(s['dp_vs_warm_start_ci'])}"
             + (f"; of what non-private GRPO adds to the warm start, DP-GRPO keeps "
-               f"{100 * share:.0f}%." if share is not None else ".")
+               f"{100 * share:.0f}%." if share is not None else
+               "; non-private GRPO did not gain over the warm start here, so no share of its "
+               "gain is defined.")
             + " The warm start reads only public data (the study refuses one on its own "
             "training split); the arms' certificates cover what they add to it."]
 
@@ -100,9 +102,14 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         f"**{_pp(s['dp_vs_control_pp'])} pp** {_ci(s['dp_vs_control_ci'])}, MDE "
         f"{s['dp_vs_control_mde']:.1f} pp; DP-GRPO over the base {_pp(s['dp_gain_pp'])} pp"
         f"{_seed_spread(results['report'])}.",
-        *([f"- DP-GRPO keeps **{100 * s['retained_share']:.0f}%** of the non-private gain "
-           f"({_pp(s['dp_gain_pp'])} of {_pp(s['nonprivate_gain_pp'])} pp), with "
-           f"{s['trainable_params']:,} trainable coordinates and "
+        *([(f"- DP-GRPO keeps **{100 * s['retained_share']:.0f}%** of the non-private gain "
+            f"({_pp(s['dp_gain_pp'])} of {_pp(s['nonprivate_gain_pp'])} pp), with "
+            if s["retained_share"] <= 1 else
+            f"- DP-GRPO gains **more** than non-private GRPO ({_pp(s['dp_gain_pp'])} against "
+            f"{_pp(s['nonprivate_gain_pp'])} pp over the base, "
+            f"{100 * s['retained_share']:.0f}%; the non-private arm is unstable here, see its "
+            "per seed values), with ")
+           + f"{s['trainable_params']:,} trainable coordinates and "
            f"{s['completions_per_arm']:,.0f} completions per trained arm (expected: m G T)."]
           if s.get("retained_share") is not None else []),
         *_warm_start_lines(results),
