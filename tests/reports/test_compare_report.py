@@ -203,10 +203,11 @@ def test_a_fixed_arm_pairs_with_every_seed_like_the_base(tmp_path: Path) -> None
     warm = write_eval(tmp_path / "warm" / "eval", "warm-start", None, STRICT[("sft", 1)])
     cmp, _ = run_compare(grpo + [warm], base, tmp_path / "fixed", settings=FAST, figures=False,
                          fixed=[tmp_path / "warm"])
-    row = next(r.result for r in cmp.contrasts if (r.comparator, r.scorer) == ("warm-start", "strict"))
+    warm_row = ("warm-start", "strict")
+    row = next(r.result for r in cmp.contrasts if (r.comparator, r.scorer) == warm_row)
     focal = np.stack([STRICT[("dp-grpo", 1)], STRICT[("dp-grpo", 2)]]).mean(axis=0)
     assert row.n_seed_pairs == 2
     assert row.difference == pytest.approx(100 * (focal.mean() - STRICT[("sft", 1)].mean()))
     first, _ = run_compare(grpo + [warm], base, tmp_path / "first", settings=FAST, figures=False)
-    row1 = next(r.result for r in first.contrasts if (r.comparator, r.scorer) == ("warm-start", "strict"))
+    row1 = next(r.result for r in first.contrasts if (r.comparator, r.scorer) == warm_row)
     assert row1.n_seed_pairs == 1 and row1.difference != row.difference
