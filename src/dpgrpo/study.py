@@ -370,15 +370,14 @@ class _Study:
         data.pop("tune", None)        # `dpgrpo tune`'s table (dpgrpo.experiments.tune)
         config = config_from_dict(data, source=str(config_path))
         out = Path(out_dir).resolve()
-        arms = config
-        if settings.warm_start:
-            check_public_warm_start(_warm_config(config, settings), config,
-                                    protocol_settings(table).eval_split)
-            arms = apply_overrides(config, [f"model.init_adapter={out / WARM_START / 'release'}"])
-        plan = plan_protocol(arms, protocol_settings(table), out)
-        if settings.warm_start:
-            plan = dataclasses.replace(plan, references=(out / WARM_START,))
-        return cls(config_path, out, settings, config, plan)
+        protocol = protocol_settings(table)
+        if not settings.warm_start:
+            return cls(config_path, out, settings, config, plan_protocol(config, protocol, out))
+        check_public_warm_start(_warm_config(config, settings), config, protocol.eval_split)
+        arms = apply_overrides(config, [f"model.init_adapter={out / WARM_START / 'release'}"])
+        plan = plan_protocol(arms, protocol, out)          # every arm starts from the warm start
+        return cls(config_path, out, settings, config,
+                   dataclasses.replace(plan, references=(out / WARM_START,)))
 
     @property
     def leaky(self) -> RunConfig:
