@@ -11,7 +11,7 @@ HumanEval (164 problems) and the embedded ``code`` task (200):
   tests per second = verified completions / wall seconds
 
 with each row's wall time, the whole run's wall time and peak RSS (this process, sampled by
-``dpgrpo.runtime.PeakRSS``; the largest sandbox child, from ``getrusage(RUSAGE_CHILDREN)``),
+``dpgrpo.training.runtime.PeakRSS``; the largest sandbox child, from ``getrusage(RUSAGE_CHILDREN)``),
 and the sandbox's isolation on this machine (launcher, seccomp, layers).
 
     .venv/bin/python bench/code_verifier.py [--workers 2] [--limit 200] [--json]
@@ -26,9 +26,9 @@ import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from dpgrpo.runtime import PeakRSS
 from dpgrpo.tasks import get_task, load_problems
 from dpgrpo.tasks.sandbox import isolation
+from dpgrpo.training.runtime import PeakRSS
 
 
 def _rate(task, problems, responses, workers: int) -> tuple[float, float, int]:

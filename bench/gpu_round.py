@@ -159,7 +159,7 @@ def previous_hooks() -> Iterator[None]:
     """The fast path's LoRA hooks as they were before issue 29, for an A/B in one process:
     dropout's 1/(1-p) applied to the full-width dropped input, and the hook rebuilding that
     input in fp32 (upcast, mask, scale: three full-width passes instead of two)."""
-    import dpgrpo.grads as grads
+    import dpgrpo.training.grads as grads
 
     hooks, dropout_init = grads._LoraHooks._hook_a, grads._RecordingDropout.__init__
 
@@ -195,8 +195,8 @@ def hooks_ab(model: Any, batch: Any, prompts: int, rows: int, device: str,
     """Per-prompt gradients of the first ``prompts`` prompts with the previous and the current
     hooks, alternating, same dropout masks (seconds each), and how far apart the two results
     are. Sets the adapter's B to small random values first (run it last)."""
-    from dpgrpo.grads import per_prompt_grads
     from dpgrpo.objectives.grpo import GRPOObjective
+    from dpgrpo.training.grads import per_prompt_grads
 
     with torch.no_grad():          # B != 0, so that lora_A's gradients (what changed) are not 0
         gen = torch.Generator().manual_seed(5)
@@ -268,12 +268,12 @@ def main() -> None:
         decode_module.grouped_decoding = lambda model: contextlib.nullcontext(False)
 
     from dpgrpo.config import TrainConfig
-    from dpgrpo.grads import per_prompt_grads
     from dpgrpo.model import LoraSettings, attach_lora, enable_gradient_checkpointing
     from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
     from dpgrpo.objectives.logprobs import shared_prompt_end
     from dpgrpo.privacy.mechanism import privatize
     from dpgrpo.privacy.noise import NoiseSource
+    from dpgrpo.training.grads import per_prompt_grads
 
     dtype = getattr(torch, args.dtype)
     phases = Phases(args.device)

@@ -80,9 +80,13 @@ def gradient_identity(model: Any, tok: Any, device: str, rows_per_pass: int = 2
     """Largest change of any shared prompt's per-prompt gradient (fast and reference paths)
     and reference log-probs when a much longer prompt joins its round; and the same between
     two identical alone runs (the device's own run-to-run spread)."""
-    from dpgrpo.grads import per_prompt_grads
-    from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, group_advantages,
-                                        reference_logprobs)
+    from dpgrpo.objectives.grpo import (
+        GRPOObjective,
+        build_grpo_batch,
+        group_advantages,
+        reference_logprobs,
+    )
+    from dpgrpo.training.grads import per_prompt_grads
     from dpgrpo.verify.fixtures import random_specs, rollouts_from_specs
 
     specs, longer = random_specs(tok, 0, 3), random_specs(tok, 1, 1, long=True)
@@ -126,11 +130,11 @@ def random_policy(arch: str, dtype: str, device: str) -> tuple[Any, Any]:
     """A random-weight ``arch`` (``bench/gpu_round.py``) with the tiny tokenizer's vocabulary
     and the training adapter (rank 4, dropout 0.05; B nonzero so gradients reach A)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_round import QWEN25_15B, TINY
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from dpgrpo.model import LoraSettings, attach_lora
     from dpgrpo.verify.fixtures import build_tiny_tokenizer
+    from gpu_round import QWEN25_15B, TINY
 
     tok = build_tiny_tokenizer()
     spec = dict(QWEN25_15B if arch == "qwen2.5-1.5b" else TINY, vocab_size=len(tok),

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from dpgrpo.runtime import PeakRSS   # peak RSS, sampled every 2 ms
+from dpgrpo.training.runtime import PeakRSS  # peak RSS, sampled every 2 ms
 
 VOCAB = 151_936
 
@@ -89,15 +89,14 @@ def run_case(case: str, prompts: int, group: int, length: int, threads: int,
     import torch
 
     from dpgrpo.config import TrainConfig
-    from dpgrpo.grads import per_prompt_grads
     from dpgrpo.model import LoraSettings, attach_lora, enable_gradient_checkpointing
     from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
     from dpgrpo.privacy.mechanism import privatize
     from dpgrpo.privacy.noise import NoiseSource
+    from dpgrpo.training.grads import per_prompt_grads
+    from dpgrpo.training.runtime import bound_heap_growth
 
-    from dpgrpo.runtime import bound_heap_growth
-
-    bound_heap_growth()             # as dpgrpo.trainer.train does
+    bound_heap_growth()             # as dpgrpo.training.trainer.train does
     torch.set_num_threads(threads)
     base, rollouts = (_tiny if case == "tiny" else _smollm2)(prompts, group, length)
     model = attach_lora(base, LoraSettings()).train()

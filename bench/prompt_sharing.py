@@ -35,15 +35,18 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_overhead import peak_bytes, sync, synthetic_rollouts  # noqa: E402
-
 import dpgrpo.objectives.logprobs as logprobs  # noqa: E402
 from dpgrpo.config import load_config  # noqa: E402
-from dpgrpo.grads import per_prompt_grads  # noqa: E402
 from dpgrpo.model import LoraSettings, load_policy  # noqa: E402
-from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch,  # noqa: E402
-                                    group_advantages, reference_logprobs)
+from dpgrpo.objectives.grpo import (  # noqa: E402
+    GRPOObjective,
+    build_grpo_batch,
+    group_advantages,
+    reference_logprobs,
+)
 from dpgrpo.tasks import get_task, load_problems  # noqa: E402
+from dpgrpo.training.grads import per_prompt_grads  # noqa: E402
+from step_overhead import peak_bytes, sync, synthetic_rollouts  # noqa: E402
 
 
 @contextmanager

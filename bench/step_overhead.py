@@ -33,13 +33,13 @@ from typing import Callable
 
 import torch
 
-from dpgrpo.grads import per_prompt_grads_fast, per_prompt_grads_reference
 from dpgrpo.model import LoraSettings, attach_lora, load_base_model, load_tokenizer
 from dpgrpo.objectives import TrainBatch
 from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
 from dpgrpo.rollout import RolloutBatch
+from dpgrpo.training.grads import per_prompt_grads_fast, per_prompt_grads_reference
 from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer
 
 MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more. How many apples?",
@@ -196,7 +196,7 @@ def main() -> None:
     clock = time.process_time if args.clock == "process" else time.perf_counter
     times: dict[str, list[float]] = {k: [] for k in steps}
     walls: dict[str, list[float]] = {k: [] for k in steps}
-    for k, step in steps.items():  # warm-up; creates the AdamW state
+    for step in steps.values():  # warm-up; creates the AdamW state
         step()
     names = list(steps)
     for r in range(args.repeats):

@@ -19,11 +19,11 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from dpgrpo import checkpoint
-from dpgrpo.checkpoint import RELEASE_FILES
 from dpgrpo.config import apply_overrides, embedded_default
 from dpgrpo.privacy.accounting import compute_epsilon
 from dpgrpo.privacy.journal import scan
+from dpgrpo.release.files import RELEASE_FILES
+from dpgrpo.rundir import checkpoint
 
 KILLED = -signal.SIGKILL
 

@@ -8,21 +8,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from dpgrpo.checkpoint import restore_adapter, save_recovery
-from dpgrpo.config import ModelConfig, RunConfig, load_config
+from dpgrpo.config import ModelConfig, load_config
 from dpgrpo.errors import ConfigError
-from dpgrpo.grads import per_prompt_grads_fast, per_prompt_grads_reference, trainable_parameters
 from dpgrpo.model import LoraSettings, adapter_parameters, attach_lora
 from dpgrpo.objectives.grpo import GRPOObjective
 from dpgrpo.rollout.transformers_engine import merged_adapter
+from dpgrpo.rundir.checkpoint import restore_adapter, save_recovery
+from dpgrpo.training.grads import (
+    per_prompt_grads_fast,
+    per_prompt_grads_reference,
+    trainable_parameters,
+)
 from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer, exact_rmsnorm
-
 from test_grads import make_batch
 
 REWARDS = torch.tensor([[1., 0, 0, 1], [0, 0, 0, 1], [1, 1, 0, 0]])
@@ -178,7 +180,7 @@ def test_a_private_run_starts_from_the_public_adapter_and_says_so(tiny_model_dir
     value (the first AdamW step moves each trained coordinate by at most lr, frozen ones not
     at all), and the certificate names the adapter, its sha256 and what was trained."""
     from dpgrpo.model import load_policy
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     public = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=1))
     with torch.no_grad():

@@ -114,7 +114,7 @@ def test_a_private_list_needs_a_public_n(tiny_model_dir, tmp_path):
                          n_slots=6, overrides=TINY)
     from dataclasses import replace
 
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     with pytest.raises(ConfigError, match="length is private"):  # the trainer refuses it too
         train(replace(cfg, data=replace(cfg.data, n_slots=None)), tmp_path / "run")
@@ -147,7 +147,7 @@ def test_peft_model_object_and_dataset_train(tiny_lm, tmp_path):
                                                 if p.requires_grad)
     after = {n: p for n, p in peft_model.named_parameters() if "lora_B" in n}
     assert any(not after[n].equal(before[n]) for n in before)  # the given adapter trained
-    from dpgrpo.metrics import PUBLIC_KEYS, TIMING_KEYS
+    from dpgrpo.training.metrics import PUBLIC_KEYS, TIMING_KEYS
 
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]

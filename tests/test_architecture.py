@@ -25,41 +25,44 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
+def _edges(name: str, path: Path, package: bool, modules: dict[str, tuple[Path, bool]],
+           module_level_only: bool) -> set[str]:
+    """The dpgrpo modules that module ``name`` imports (at module level only, if asked)."""
+
+    def resolve(target: str) -> str | None:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    edges: set[str] = set()
+    pending = [(ast.parse(path.read_text(encoding="utf-8")), True)]
+    while pending:
+        node, top = pending.pop()
+        for child in ast.iter_child_nodes(node):
+            inside = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and (top or not module_level_only):
+                if isinstance(child, ast.Import):
+                    targets = [a.name for a in child.names]
+                else:
+                    base = child.module or ""
+                    if child.level:
+                        here = name.split(".") if package else name.split(".")[:-1]
+                        here = here[:len(here) - child.level + 1]
+                        base = ".".join([*here, *([child.module] if child.module else [])])
+                    targets = [base, *(f"{base}.{a.name}" for a in child.names)]
+                for target in targets:
+                    found = resolve(target) if target.startswith("dpgrpo") else None
+                    # a package's submodule importing its parent is not a circle of files
+                    if found and found != name and not name.startswith(found + "."):
+                        edges.add(found)
+            pending.append((child, top and not inside))
+    return edges
+
+
 def _graph(module_level_only: bool) -> dict[str, set[str]]:
     modules = _modules()
-
-    def resolve(name: str) -> str | None:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    graph: dict[str, set[str]] = {}
-    for name, (path, package) in modules.items():
-        edges: set[str] = set()
-
-        def visit(node: ast.AST, top: bool) -> None:
-            for child in ast.iter_child_nodes(node):
-                inside = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-                if isinstance(child, (ast.Import, ast.ImportFrom)) and (top or not module_level_only):
-                    if isinstance(child, ast.Import):
-                        targets = [a.name for a in child.names]
-                    else:
-                        base = child.module or ""
-                        if child.level:
-                            here = name.split(".") if package else name.split(".")[:-1]
-                            here = here[:len(here) - child.level + 1]
-                            base = ".".join([*here, *([child.module] if child.module else [])])
-                        targets = [base, *(f"{base}.{a.name}" for a in child.names)]
-                    for target in targets:
-                        found = resolve(target) if target.startswith("dpgrpo") else None
-                        # a package's submodule importing its parent is not a circle of files
-                        if found and found != name and not name.startswith(found + "."):
-                            edges.add(found)
-                visit(child, top and not inside)
-
-        visit(ast.parse(path.read_text(encoding="utf-8")), True)
-        graph[name] = edges
-    return graph
+    return {name: _edges(name, path, package, modules, module_level_only)
+            for name, (path, package) in modules.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -112,3 +115,60 @@ def test_no_import_circle_among_module_level_imports():
 def test_deferred_imports_close_no_new_circle():
     cycles = _cycles(_graph(module_level_only=False))
     assert [c for c in cycles if c not in ALLOWED_DEFERRED] == []
+
+
+#: the root's modules: the public API, the config, the errors and the model (issue 28)
+ROOT_MODULES = {"__init__", "__main__", "api", "errors", "model"}
+#: the packages, each one concern (docs/architecture.md, "Package layout")
+PACKAGES = {"audit", "cli", "config", "evaluation", "experiments", "objectives", "privacy",
+            "release", "reports", "rollout", "rundir", "tasks", "training", "verify"}
+#: who may import whom: a lower layer never imports an upper one (module level and deferred)
+NEVER_IMPORTS = {
+    "privacy": {"training", "rollout", "objectives", "rundir.checkpoint", "rundir.resume",
+                "release", "experiments", "reports", "audit", "cli", "api"},
+    "config": {"rollout", "objectives", "rundir", "release", "experiments", "cli"},
+    "rundir": {"experiments", "reports", "audit", "cli"},
+    "release": {"experiments", "reports", "audit", "cli"},
+    "training": {"experiments", "reports", "cli"},
+    "experiments": {"cli"},
+}
+
+
+def test_the_root_holds_the_api_the_config_the_errors_and_the_model():
+    root = SRC / "dpgrpo"
+    assert {p.stem for p in root.glob("*.py")} == ROOT_MODULES
+    assert {p.name for p in root.iterdir() if (p / "__init__.py").is_file()} == PACKAGES
+
+
+def test_every_package_says_what_it_holds():
+    for name in PACKAGES:
+        tree = ast.parse((SRC / "dpgrpo" / name / "__init__.py").read_text(encoding="utf-8"))
+        assert len(ast.get_docstring(tree) or "") > 60, f"dpgrpo/{name}/__init__.py: no docstring"
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Edges from a layer to one it may never import (:data:`NEVER_IMPORTS`)."""
+    found = []
+    for module, edges in graph.items():
+        layer = module.split(".")[1] if "." in module else ""
+        for target in edges:
+            rest = target.removeprefix("dpgrpo.")
+            if any(rest == ban or rest.startswith(ban + ".") for ban in NEVER_IMPORTS.get(layer, ())):
+                found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+def test_no_lower_layer_imports_an_upper_one():
+    assert _upward(_graph(module_level_only=False)) == []
+    # the check can fail: a privacy module importing the trainer, or the config a rollout
+    made_up = {"dpgrpo.privacy.x": {"dpgrpo.training.trainer", "dpgrpo.errors"},
+               "dpgrpo.config.y": {"dpgrpo.rollout"}, "dpgrpo.cli.z": {"dpgrpo.experiments"}}
+    assert _upward(made_up) == ["dpgrpo.config.y -> dpgrpo.rollout",
+                                "dpgrpo.privacy.x -> dpgrpo.training.trainer"]
+
+
+def test_every_module_is_on_the_architecture_map():
+    text = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    missing = [str(p.relative_to(SRC)) for p in (SRC / "dpgrpo").rglob("*.py")
+               if p.name != "__init__.py" and p.name not in text]
+    assert missing == []

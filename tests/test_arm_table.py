@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dpgrpo.arm_table import ARMS, arm_spec, arms_with_role, private_twin
-from dpgrpo.arms import make_arm
 from dpgrpo.config import RunConfig, TrainConfig, apply_overrides, embedded_default
+from dpgrpo.config.arms import ARMS, arm_spec, arms_with_role, private_twin
 from dpgrpo.errors import ConfigError
+from dpgrpo.experiments.protocol import LADDER_ARMS, NON_PRIVATE_ARM, PRIMARY_ARMS
 from dpgrpo.objectives.grpo import ADVANTAGE_MODES, GRPOObjective, group_advantages
 from dpgrpo.objectives.sft import SFTObjective
 from dpgrpo.privacy.accounting import PrivacyLedger
-from dpgrpo.protocol import LADDER_ARMS, NON_PRIVATE_ARM, PRIMARY_ARMS
+from dpgrpo.training.arms import make_arm
 from dpgrpo.verify.fixtures import build_tiny_tokenizer, synthetic_rollouts
 
 REWARDS = [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]  # prompt 0: one of three right; prompt 1: two
@@ -135,7 +135,7 @@ def test_every_arm_validates_builds_and_batches_as_its_row_says(arm):
 
 @pytest.mark.parametrize("arm", ["zero-advantage", "non-private", "non-private-gold-sft"])
 def test_the_certificate_describes_the_arm_from_the_table(arm):
-    from dpgrpo.run_setup import certificate
+    from dpgrpo.release.certificate import certificate
 
     cfg = _config(arm, "privacy.group_sizes=", "privacy.noise_multiplier=" +
                   ("1.0" if arm_spec(arm).private else "none"))

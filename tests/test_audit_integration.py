@@ -9,7 +9,7 @@ from dpgrpo.audit.canary import CanaryPlan
 from dpgrpo.audit.pipeline import run_canary_audit
 from dpgrpo.audit.scoring import SamplingSettings
 from dpgrpo.config import apply_overrides, embedded_default
-from dpgrpo.trainer import train
+from dpgrpo.training.trainer import train
 
 
 def test_canary_audit_on_a_trained_run(tiny_model_dir, tmp_path):

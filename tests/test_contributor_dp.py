@@ -11,14 +11,26 @@ import pytest
 import torch
 
 from dpgrpo.config import apply_overrides, embedded_default
-from dpgrpo.grads import per_prompt_grads
-from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, group_advantages
-from dpgrpo.objectives.grpo import reference_logprobs
-from dpgrpo.privacy.contributors import Contributor, ProblemChooser, round_prompts
-from dpgrpo.privacy.contributors import sum_within_records
-from dpgrpo.verify.fixtures import build_tiny_tokenizer, random_specs, tiny_fp32_policy
-from dpgrpo.verify.fixtures import rollouts_from_specs
-from dpgrpo.trainer import train
+from dpgrpo.objectives.grpo import (
+    GRPOObjective,
+    build_grpo_batch,
+    group_advantages,
+    reference_logprobs,
+)
+from dpgrpo.privacy.contributors import (
+    Contributor,
+    ProblemChooser,
+    round_prompts,
+    sum_within_records,
+)
+from dpgrpo.training.grads import per_prompt_grads
+from dpgrpo.training.trainer import train
+from dpgrpo.verify.fixtures import (
+    build_tiny_tokenizer,
+    random_specs,
+    rollouts_from_specs,
+    tiny_fp32_policy,
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +106,8 @@ def tiny_config(model_dir, mapping, *extra: str):
 
 def test_a_contributor_level_run_states_its_unit_and_samples_contributors(tiny_model_dir,
                                                                          tmp_path):
-    from dpgrpo import run_setup
     from dpgrpo.privacy.accounting import compute_epsilon
+    from dpgrpo.training import setup as run_setup
 
     mapping = _mapping(tmp_path, people=6, per_person=4)  # 24 problems, 6 contributors
     seen = {}
@@ -106,7 +118,7 @@ def test_a_contributor_level_run_states_its_unit_and_samples_contributors(tiny_m
         return seen["run"]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("dpgrpo.trainer.build_run", spy)
+        mp.setattr("dpgrpo.training.trainer.build_run", spy)
         result = train(tiny_config(tiny_model_dir, mapping), tmp_path / "run")
     run, cert = seen["run"], result.certificate
     assert cert["unit"] == "one contributor (up to 2 problems per round)"
@@ -184,7 +196,7 @@ def test_a_contributor_record_is_clipped_at_c_in_the_trainer(tiny_model_dir, tmp
     noise std at sigma*C while a record can move the sum by k*C. In the trainer, every record
     reaching the mechanism is at most C after clipping, and the noise std is sigma*C."""
     from dpgrpo.privacy import mechanism
-    from dpgrpo import distributed
+    from dpgrpo.training import distributed
 
     clip = 1e-8  # below these gradients' norms (the KL term's, ~1e-6, from round 2 on)
     clipped, raw, stds = [], [], []

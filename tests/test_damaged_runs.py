@@ -12,10 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import dpgrpo.checkpoint as checkpoint
-import dpgrpo.trainer as trainer
-from faultkit import (assert_consistent, memoized_accountant, release_rounds, temporaries,
-                      tiny_config)
+import dpgrpo.rundir.checkpoint as checkpoint
+import dpgrpo.training.trainer as trainer
+from faultkit import (
+    assert_consistent,
+    memoized_accountant,
+    release_rounds,
+    temporaries,
+    tiny_config,
+)
 
 __all__ = ["memoized_accountant"]  # the autouse fixture, imported to apply here
 
@@ -156,7 +161,7 @@ def test_second_writer_is_refused_with_the_holders_pid(run_dir, tiny_model_dir):
     import time
 
     from dpgrpo.errors import RunLockedError
-    from dpgrpo.runlock import RunLock
+    from dpgrpo.rundir.lock import RunLock
 
     ready = run_dir.parent / "ready"
 
@@ -203,10 +208,10 @@ def test_the_invariant_guard_stops_an_under_count(run_dir, monkeypatch):
 
 
 def test_second_protocol_on_one_folder_is_refused(tiny_protocol_toml, tmp_path):
-    from dpgrpo.errors import RunLockedError
     from dpgrpo.config import load_protocol_config
-    from dpgrpo.protocol import plan_protocol, protocol_settings, run_protocol
-    from dpgrpo.runlock import RunLock
+    from dpgrpo.errors import RunLockedError
+    from dpgrpo.experiments.protocol import plan_protocol, protocol_settings, run_protocol
+    from dpgrpo.rundir.lock import RunLock
 
     cfg, table = load_protocol_config(tiny_protocol_toml)
     plan = plan_protocol(cfg, protocol_settings(table), tmp_path / "out")
@@ -237,7 +242,7 @@ def test_flipped_bytes_in_the_newest_checkpoint_fall_back_to_the_previous(run_di
 
 
 def test_flipped_bytes_in_the_release_are_caught_and_rewritten_on_resume(run_dir):
-    from dpgrpo.atomic import sha256_file
+    from dpgrpo.rundir.atomic import sha256_file
 
     adapter = run_dir / "release" / "adapter_model.safetensors"
     cert = json.loads((run_dir / "release" / "certificate.json").read_text())
@@ -255,8 +260,8 @@ def test_flipped_bytes_in_the_release_are_caught_and_rewritten_on_resume(run_dir
 def test_full_disk_at_the_lock_file_leaves_no_lock_and_no_folder(tmp_path, monkeypatch):
     import errno
 
-    from dpgrpo import runlock
     from dpgrpo.errors import DiskFullError
+    from dpgrpo.rundir import lock as runlock
 
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -288,8 +293,8 @@ def test_torch_short_write_and_read_only_disk_are_one_line_errors(tiny_model_dir
 def test_safetensors_full_disk_is_a_one_line_error():
     from safetensors import SafetensorError
 
-    from dpgrpo.atomic import disk_full_guard
     from dpgrpo.errors import DiskFullError
+    from dpgrpo.rundir.atomic import disk_full_guard
 
     with pytest.raises(DiskFullError, match="disk full while writing"):
         with disk_full_guard(Path("/tmp/release")):

@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dpgrpo.distributed import DistContext, init_from_env, privatize_across_ranks, shard
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
+from dpgrpo.training.distributed import DistContext, init_from_env, privatize_across_ranks, shard
 
 
 def _free_port() -> int:
@@ -70,14 +70,14 @@ def test_shard_partitions_records():
 def _train_worker(rank: int, world: int, port: int, model_dir: str, run_dir: str) -> None:
     _env(rank, world, port)
     from dpgrpo.config import apply_overrides, embedded_default
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     cfg = apply_overrides(embedded_default(), [
         f"model.name={model_dir}", "model.device=cpu", "data.limit=40", "privacy.expected_batch=8",
         "privacy.noise_multiplier=1.0", "train.steps=2", "train.group_size=2",
         "train.max_new_tokens=5", "train.checkpoint_every=2"])
     seen = {}
-    import dpgrpo.trainer as trainer
+    import dpgrpo.training.trainer as trainer
 
     original = trainer.build_run
 
@@ -160,7 +160,7 @@ def test_distributed_transport_reuses_the_mechanism_halves():
     """Noise, its scale and the division by q*n live in mechanism.py only (issue 13.1)."""
     import inspect
 
-    import dpgrpo.distributed as dist_mod
+    import dpgrpo.training.distributed as dist_mod
 
     src = inspect.getsource(dist_mod)
     for name in ("add_gaussian_noise", "clip_per_record", "/ expected_batch", "normal("):

@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import pytest
 
-import dpgrpo.checkpoint as checkpoint
 import dpgrpo.privacy.journal as journal_module
-import dpgrpo.trainer as trainer
+import dpgrpo.rundir.checkpoint as checkpoint
+import dpgrpo.training.trainer as trainer
 from dpgrpo.privacy.journal import scan
 from dpgrpo.privacy.sampling import PoissonSampler
-from faultkit import (KILLED, Q, SIGMA, assert_consistent, certificate, die, kill_on_call,
-                      memoized_accountant, release_rounds, run_in_child, temporaries, tiny_config)
+from faultkit import (
+    KILLED,
+    SIGMA,
+    Q,
+    assert_consistent,
+    certificate,
+    die,
+    kill_on_call,
+    memoized_accountant,
+    release_rounds,
+    run_in_child,
+    temporaries,
+    tiny_config,
+)
 
 __all__ = ["memoized_accountant"]  # the autouse fixture, imported to apply here
 

@@ -3,19 +3,34 @@ non-private equivalence and zero-advantage groups (paper, Appendix B), in float6
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from dpgrpo.errors import ConfigError, PrivacyError
-from dpgrpo.grads import (flat_mean_gradient, per_prompt_grads, per_prompt_grads_fast,
-                          per_prompt_grads_reference, prompt_gradient, trainable_parameters)
 from dpgrpo.model import LoraSettings, attach_lora
-from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, group_advantages,
-                                    reference_logprobs)
+from dpgrpo.objectives.grpo import (
+    GRPOObjective,
+    build_grpo_batch,
+    group_advantages,
+    reference_logprobs,
+)
 from dpgrpo.rollout import RolloutBatch, generate
-from dpgrpo.verify.fixtures import (build_tiny_model, build_tiny_tokenizer, exact_rmsnorm,
-                                    random_specs, rollouts_from_specs, tiny_fp32_policy)
+from dpgrpo.training.grads import (
+    flat_mean_gradient,
+    per_prompt_grads,
+    per_prompt_grads_fast,
+    per_prompt_grads_reference,
+    prompt_gradient,
+    trainable_parameters,
+)
+from dpgrpo.verify.fixtures import (
+    build_tiny_model,
+    build_tiny_tokenizer,
+    exact_rmsnorm,
+    random_specs,
+    rollouts_from_specs,
+    tiny_fp32_policy,
+)
 
 MESSAGES = ["What is 12 plus 30?", "Tom has 3 apples and buys 4 more.", "Answer: A B C",
             "abc", "Solve the problem step by step."]
@@ -249,7 +264,7 @@ def test_rows_per_pass_changes_only_summation_order(policy, tok):
 
 def _with_recording_dropout(model, p: float):
     """Replace every LoRA dropout by the fast path's recording dropout (same RNG draws)."""
-    from dpgrpo.grads import _RecordingDropout
+    from dpgrpo.training.grads import _RecordingDropout
 
     saved = []
     for module in model.modules():

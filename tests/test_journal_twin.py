@@ -16,10 +16,10 @@ import shutil
 
 import pytest
 
-import dpgrpo.trainer as trainer
+import dpgrpo.training.trainer as trainer
 from dpgrpo.privacy.accounting import compute_epsilon
 from dpgrpo.privacy.journal import scan
-from faultkit import Q, SIGMA, memoized_accountant, tiny_config
+from faultkit import SIGMA, Q, memoized_accountant, tiny_config
 
 __all__ = ["memoized_accountant"]  # the autouse fixture, imported to apply here
 

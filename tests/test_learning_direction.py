@@ -6,12 +6,16 @@ import math
 
 import torch
 
-from dpgrpo.grads import per_prompt_grads, trainable_parameters
-from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, compute_advantages,
-                                    reference_logprobs)
+from dpgrpo.objectives.grpo import (
+    GRPOObjective,
+    build_grpo_batch,
+    compute_advantages,
+    reference_logprobs,
+)
 from dpgrpo.objectives.logprobs import token_logprobs
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
+from dpgrpo.training.grads import per_prompt_grads, trainable_parameters
 from dpgrpo.verify.fixtures import synthetic_rollouts, tiny_fp64_policy
 
 

@@ -9,12 +9,22 @@ import pytest
 import torch
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.grads import per_prompt_grads_fast
-from dpgrpo.model import (MODEL_ALIASES, LoraSettings, ModelSource, Policy, attach_lora,
-                          base_weights_fingerprint, load_adapter, load_base_model,
-                          load_policy, load_tokenizer, resolve_model)
+from dpgrpo.model import (
+    MODEL_ALIASES,
+    LoraSettings,
+    ModelSource,
+    Policy,
+    attach_lora,
+    base_weights_fingerprint,
+    load_adapter,
+    load_base_model,
+    load_policy,
+    load_tokenizer,
+    resolve_model,
+)
 from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, reference_logprobs
 from dpgrpo.rollout import generate
+from dpgrpo.training.grads import per_prompt_grads_fast
 
 TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 

@@ -16,8 +16,8 @@ import re
 import pytest
 
 from dpgrpo.config import apply_overrides, embedded_default
-from dpgrpo.metrics import PUBLIC_KEYS, TIMING_KEYS
-from dpgrpo.trainer import train
+from dpgrpo.training.metrics import PUBLIC_KEYS, TIMING_KEYS
+from dpgrpo.training.trainer import train
 from faultkit import memoized_accountant
 
 __all__ = ["memoized_accountant"]  # the autouse fixture (a pure accountant, memoized)

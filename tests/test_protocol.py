@@ -11,8 +11,7 @@ import pytest
 
 from dpgrpo.config import apply_overrides, embedded_default, load_protocol_config
 from dpgrpo.errors import ConfigError, PrivacyError
-from dpgrpo.privacy.accounting import compute_epsilon
-from dpgrpo.protocol import (
+from dpgrpo.experiments.protocol import (
     PRIMARY_ARMS,
     SFT_CLIP_NORM,
     arm_config,
@@ -21,13 +20,15 @@ from dpgrpo.protocol import (
     protocol_settings,
     run_protocol,
 )
+from dpgrpo.privacy.accounting import compute_epsilon
+
 
 def _json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
 def test_protocol_end_to_end_two_seeds(tiny_protocol_toml, tmp_path):
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     cfg, table = load_protocol_config(tiny_protocol_toml)
     plan = plan_protocol(cfg, protocol_settings(table), tmp_path / "out")
@@ -154,7 +155,7 @@ def test_a_run_saved_before_a_key_existed_counts_it_as_its_default(tmp_path):
     """A config saved by an earlier dpgrpo lacks later keys: with the default value the run is
     the same run; with another value it is refused, naming the key."""
     from dpgrpo.config import RunConfig
-    from dpgrpo.protocol import RunSpec, check_existing
+    from dpgrpo.experiments.protocol import RunSpec, check_existing
 
     cfg = RunConfig()
     saved = json.loads(json.dumps(cfg.to_dict(public=False)))

@@ -8,7 +8,7 @@ import pytest
 
 from dpgrpo.config import TrainConfig
 from dpgrpo.errors import ConfigError, PrivacyError
-from dpgrpo.metrics import PHASES, PUBLIC_KEYS, TIMING_KEYS, Laps, open_metrics
+from dpgrpo.training.metrics import PHASES, PUBLIC_KEYS, TIMING_KEYS, Laps, open_metrics
 
 
 def test_public_keys_are_the_allow_list():
@@ -39,7 +39,7 @@ def test_backends_are_validated():
 
 def test_laps_charge_time_to_phases(monkeypatch):
     clock = iter([0.0, 1.0, 3.0, 3.5])
-    monkeypatch.setattr("dpgrpo.metrics.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("dpgrpo.training.metrics.time.perf_counter", lambda: next(clock))
     laps = Laps()
     laps.mark("rollout")
     laps.mark("gradients")

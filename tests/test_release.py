@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dpgrpo.checkpoint import RELEASE_FILES, write_release
 from dpgrpo.errors import ReleaseError
-from dpgrpo.release import eval_defaults, push_release, read_release_config
+from dpgrpo.release.files import RELEASE_FILES, eval_defaults, read_release_config
+from dpgrpo.release.publish import push_release
+from dpgrpo.release.write import write_release
 
 CERT = {"epsilon": 3.5, "delta": 1e-5, "releasable": True, "model": "tiny", "arm": "dp-grpo",
         "n": 100, "rounds_charged": 4, "q": 0.04, "sigma": 1.2, "accountant": "PLD"}

@@ -14,12 +14,13 @@ from dpgrpo.config import (
     DataConfig,
     ModelConfig,
     PrivacyConfig,
+    RunConfig,
     TrainConfig,
     apply_overrides,
     embedded_default,
 )
 from dpgrpo.errors import PrivacyBudgetError, PrivacyError
-from dpgrpo.trainer import train
+from dpgrpo.training.trainer import train
 
 CANARY_BITS = [True, False, True, False, False, True]  # 3 of 6 canaries present, fixed
 
@@ -66,7 +67,7 @@ def _journal_rates(run_dir) -> list[float]:
 @pytest.fixture(scope="module")
 def canary_run(tiny_model_dir, tmp_path_factory):
     """A 2-round run with 6 canary slots, exactly 3 of them present (fixed bits)."""
-    from dpgrpo import run_setup
+    from dpgrpo.training import setup as run_setup
 
     run_dir, seen, calls = tmp_path_factory.mktemp("canary") / "run", {}, []
     with pytest.MonkeyPatch.context() as mp:
@@ -77,7 +78,7 @@ def canary_run(tiny_model_dir, tmp_path_factory):
             seen["run"] = original(config, run_dir, ctx)
             return seen["run"]
 
-        mp.setattr("dpgrpo.trainer.build_run", spy)
+        mp.setattr("dpgrpo.training.trainer.build_run", spy)
         result = train(tiny_config(tiny_model_dir, "audit.canaries=6"), run_dir,
                        progress=calls.append)
     return result, seen["run"], calls
@@ -174,7 +175,7 @@ def test_delta_of_one_over_n_is_refused_for_releasable_runs(tiny_model_dir, tmp_
 
 def test_a_large_noise_tail_term_is_refused_before_any_round(tiny_model_dir, tmp_path,
                                                               monkeypatch):
-    monkeypatch.setattr("dpgrpo.run_setup.noise_tail_delta", lambda d, t, eps: 1.0)
+    monkeypatch.setattr("dpgrpo.training.setup.noise_tail_delta", lambda d, t, eps: 1.0)
     with pytest.raises(PrivacyError, match="1%"):
         train(tiny_config(tiny_model_dir), tmp_path / "run")
     assert not (tmp_path / "run" / "recovery" / "journal.jsonl").exists()
@@ -230,9 +231,9 @@ def _gsm8k_dir(tmp_path, rows: int, invalid: set[int]):
     (["data.n_slots=30"], 30, "data.n_slots", 7),
 ])
 def test_n_is_fixed_by_public_configuration(tmp_path, extra, n, source, present):
-    from dpgrpo.distributed import DistContext
-    from dpgrpo.run_setup import _slots
     from dpgrpo.tasks import get_task
+    from dpgrpo.training.distributed import DistContext
+    from dpgrpo.training.setup import _slots
 
     data = _gsm8k_dir(tmp_path, 10, invalid={1, 4, 8})
     cfg = apply_overrides(embedded_default(), ["data.task=gsm8k", f"data.data_dir={data}",
@@ -259,10 +260,10 @@ def test_show_private_telemetry_flag_warns(tiny_model_dir, tmp_path):
 
 def test_certificate_adds_the_tail_term_to_delta(canary_run, monkeypatch):
     from dpgrpo.privacy.accounting import PrivacyLedger
-    from dpgrpo.run_setup import certificate
+    from dpgrpo.release.certificate import certificate
 
     _, run, _ = canary_run
-    monkeypatch.setattr("dpgrpo.run_setup.noise_tail_delta", lambda d, rounds, eps: 1e-6 * rounds)
+    monkeypatch.setattr("dpgrpo.release.certificate.noise_tail_delta", lambda d, rounds, eps: 1e-6 * rounds)
     ledger = PrivacyLedger()
     ledger.record(run.q, run.sigma, 3)  # e.g. one replayed round: the term grows with it
     cert = certificate(run, ledger, 2)
@@ -275,9 +276,9 @@ def test_paper_presets_fix_n_by_their_public_limit(shared_data_dir, tmp_path, pr
     from pathlib import Path
 
     from dpgrpo.config import load_config
-    from dpgrpo.distributed import DistContext
-    from dpgrpo.run_setup import _slots
     from dpgrpo.tasks import get_task
+    from dpgrpo.training.distributed import DistContext
+    from dpgrpo.training.setup import _slots
 
     path = Path(__file__).resolve().parents[1] / "configs" / f"{preset}.toml"
     cfg = load_config(path, [f"data.data_dir={shared_data_dir}"])

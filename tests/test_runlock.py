@@ -14,9 +14,9 @@ import os
 
 import pytest
 
-from dpgrpo import runlock
 from dpgrpo.errors import RunLockedError
-from dpgrpo.runlock import RunLock
+from dpgrpo.rundir import lock as runlock
+from dpgrpo.rundir.lock import RunLock
 
 
 def test_a_writer_that_opened_the_unlinked_lock_file_does_not_hold_the_run(tmp_path,

@@ -164,7 +164,7 @@ def test_an_epsilon_the_gate_refuses_is_reported_not_fatal(monkeypatch, tmp_path
     """A sweep epsilon whose certificate cannot be made (the noise-tail gate) is a row saying so."""
     from types import SimpleNamespace
 
-    import dpgrpo.study as study
+    import dpgrpo.experiments.study as study
     from dpgrpo.config import RunConfig
     from dpgrpo.errors import PrivacyError
 
@@ -189,7 +189,7 @@ def test_a_study_folder_holding_another_run_is_refused(tiny_model_dir: Path, tmp
 
     from dpgrpo.config import apply_overrides, config_from_dict, read_toml
     from dpgrpo.errors import ConfigError
-    from dpgrpo.study import _train_once, private_twin
+    from dpgrpo.experiments.study import _train_once, private_twin
 
     config = tmp_path / "study.toml"
     config.write_text(STUDY_TOML.format(model=tiny_model_dir))
@@ -210,7 +210,7 @@ def test_a_warm_start_on_the_private_training_data_is_refused(tiny_model_dir: Pa
     import pytest
 
     from dpgrpo.errors import ConfigError, PrivacyError
-    from dpgrpo.study import _Study
+    from dpgrpo.experiments.study import _Study
 
     text = STUDY_TOML.format(model=tiny_model_dir)
     config = tmp_path / "study.toml"
@@ -230,7 +230,7 @@ def test_a_warm_start_on_the_private_training_data_is_refused(tiny_model_dir: Pa
 
 
 def test_steps_keep_the_time_of_the_run_that_did_the_work(tmp_path: Path) -> None:
-    from dpgrpo.study import Steps
+    from dpgrpo.experiments.study import Steps
 
     record = tmp_path / "steps.json"
     first = Steps(lambda message: None, record)
@@ -244,7 +244,7 @@ def test_steps_keep_the_time_of_the_run_that_did_the_work(tmp_path: Path) -> Non
 
 def test_the_wall_time_counts_overlapping_steps_once(tmp_path: Path) -> None:
     """Workers run steps at once: the wall time is the union of their spans, not the sum."""
-    from dpgrpo.study import Steps
+    from dpgrpo.experiments.study import Steps
 
     rows = [{"step": "a", "seconds": 10.0, "start": 100.0, "peak_rss_bytes": 1},
             {"step": "b", "seconds": 10.0, "start": 105.0, "peak_rss_bytes": 1},   # overlaps a
@@ -262,7 +262,7 @@ def test_the_wall_time_counts_overlapping_steps_once(tmp_path: Path) -> None:
 def test_seeds_sets_the_runs_of_every_trained_arm(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`--seeds N` gives N runs of the private arms and of non-private GRPO (whose one run can
     take off or not: the study's non-private claim needs several)."""
-    from dpgrpo.study import _Study
+    from dpgrpo.experiments.study import _Study
 
     config = tmp_path / "study.toml"
     config.write_text(STUDY_TOML.format(model=tiny_model_dir))

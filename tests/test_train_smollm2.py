@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dpgrpo.config import apply_overrides, embedded_default
-from dpgrpo.trainer import train
+from dpgrpo.training.trainer import train
 
 
 @pytest.mark.slow

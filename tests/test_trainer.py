@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dpgrpo.config import apply_overrides, embedded_default
-from dpgrpo.checkpoint import RELEASE_FILES
 from dpgrpo.errors import ConfigError
 from dpgrpo.privacy.accounting import PrivacyLedger, compute_epsilon
-from dpgrpo.trainer import train
+from dpgrpo.release.files import RELEASE_FILES
+from dpgrpo.training.trainer import train
 
 
 def tiny_config(model_dir, *extra: str):
@@ -107,8 +107,8 @@ def test_existing_run_is_not_overwritten(tiny_model_dir, tmp_path):
 
 
 def test_base_weights_never_change(tiny_model_dir, tmp_path, monkeypatch):
-    from dpgrpo import run_setup
     from dpgrpo.model import base_weights_fingerprint
+    from dpgrpo.training import setup as run_setup
 
     seen = {}
     original = run_setup.build_run
@@ -118,7 +118,7 @@ def test_base_weights_never_change(tiny_model_dir, tmp_path, monkeypatch):
         seen["run"], seen["before"] = run, base_weights_fingerprint(run.model)
         return run
 
-    monkeypatch.setattr("dpgrpo.trainer.build_run", spy)
+    monkeypatch.setattr("dpgrpo.training.trainer.build_run", spy)
     train(tiny_config(tiny_model_dir, "train.steps=2"), tmp_path / "run")
     assert base_weights_fingerprint(seen["run"].model) == seen["before"]
 
@@ -135,7 +135,7 @@ def test_empty_batches_take_a_noise_step_and_are_charged(tiny_model_dir, tmp_pat
 
 
 def test_nonfinite_update_skips_step_but_is_charged(tiny_model_dir, tmp_path, monkeypatch):
-    import dpgrpo.trainer as trainer
+    import dpgrpo.training.trainer as trainer
     from dpgrpo.privacy.mechanism import PrivatizedUpdate
 
     def poisoned(grads, **kwargs):

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpgrpo import trainer as trainer_module
-from dpgrpo.arms import Arm
 from dpgrpo.config import apply_overrides, embedded_default
 from dpgrpo.privacy import record_coins
 from dpgrpo.privacy.record_coins import RecordRandomness, RoundKey
 from dpgrpo.privacy.sampling import PoissonSampler
-from dpgrpo.trainer import train
+from dpgrpo.training import trainer as trainer_module
+from dpgrpo.training.arms import Arm
+from dpgrpo.training.trainer import train
 
 
 def _config(model_dir, *extra: str):
@@ -99,7 +99,7 @@ def test_shuffled_arm_draws_each_prompts_shuffle_from_its_own_stream(tiny_model_
         return real(rewards, mode, coins=coins, **kwargs)
 
     seen = _spy(monkeypatch)
-    monkeypatch.setattr("dpgrpo.arms.compute_advantages", spy)
+    monkeypatch.setattr("dpgrpo.training.arms.compute_advantages", spy)
     train(_config(tiny_model_dir, "train.arm=shuffled-reward"), tmp_path / "run")
     assert len(used) == 3
     for key, sampled, coins in zip(seen["keys"], seen["sampled"], used):

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 import dpgrpo
+from dpgrpo.config.trl import OPTIONS, TRLSettings, from_trl_config
 from dpgrpo.errors import ConfigError
-from dpgrpo.trl_options import OPTIONS, TRLSettings, from_trl_config
 
 #: TRL's GRPOConfig defaults for the options dpgrpo reads (TRL 0.2x/1.x, after __post_init__)
 TRL_DEFAULTS = dict(

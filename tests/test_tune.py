@@ -11,8 +11,15 @@ import pytest
 
 from dpgrpo.config import load_config
 from dpgrpo.errors import ConfigError, PrivacyError
-from dpgrpo.experiments.tune import (GridPoint, TuneSettings, check_proxy, load_tune,
-                                     private_slots, proxy_config, run_tune)
+from dpgrpo.experiments.tune import (
+    GridPoint,
+    TuneSettings,
+    check_proxy,
+    load_tune,
+    private_slots,
+    proxy_config,
+    run_tune,
+)
 
 
 def _private(tmp_path: Path, *extra: str):

@@ -48,10 +48,10 @@ from dpgrpo.errors import (  # noqa: E402
 
 #: name -> module of the objects loaded on first use (PEP 562)
 _LAZY = {"train": "dpgrpo.api", "evaluate": "dpgrpo.api", "prepare": "dpgrpo.api",
-         "TrainResult": "dpgrpo.trainer", "make_task": "dpgrpo.tasks.custom",
+         "TrainResult": "dpgrpo.training.trainer", "make_task": "dpgrpo.tasks.custom",
          "RewardTask": "dpgrpo.tasks.custom", "Problem": "dpgrpo.tasks.base",
-         "get_task": "dpgrpo.tasks", "push_release": "dpgrpo.release",
-         "from_trl_config": "dpgrpo.trl_options", "TRLSettings": "dpgrpo.trl_options",
+         "get_task": "dpgrpo.tasks", "push_release": "dpgrpo.release.publish",
+         "from_trl_config": "dpgrpo.config.trl", "TRLSettings": "dpgrpo.config.trl",
          "trl_reward": "dpgrpo.tasks.trl_rewards"}
 
 

@@ -44,8 +44,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, embedded_default
-from dpgrpo.config import load_config
+from dpgrpo.config import (
+    RunConfig,
+    apply_overrides,
+    config_from_dict,
+    embedded_default,
+    load_config,
+)
 from dpgrpo.errors import ConfigError
 
 Overrides = Mapping[str, Any] | Sequence[str] | None
@@ -155,9 +160,9 @@ def train(config: RunConfig | str | Path | Mapping[str, Any] | None = None, *,
     ``task``, ``overrides``, ...). ``out`` defaults to ``runs/<arm>-<time>``. ``resume=True``
     continues the run in ``out`` with its saved config (pass the same model object and
     problems again if the run used them). ``progress`` receives public values per round.
-    Returns a :class:`~dpgrpo.trainer.TrainResult` (release dir, certificate, rounds).
+    Returns a :class:`~dpgrpo.training.trainer.TrainResult` (release dir, certificate, rounds).
     """
-    from dpgrpo.trainer import train as run_training
+    from dpgrpo.training.trainer import train as run_training
 
     cfg = prepare(config, **kwargs)
     if out is None:
@@ -179,7 +184,7 @@ def evaluate(run: str | Path | None = None, *, out: str | Path, model: Any = Non
     a task from :func:`dpgrpo.make_task` evaluates on its ``eval_problems``). Writes
     ``out/predictions.jsonl`` and ``out/summary.json``; returns the summary."""
     from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
-    from dpgrpo.release import eval_defaults
+    from dpgrpo.release.files import eval_defaults
     from dpgrpo.tasks import VerifiedTask
 
     found: dict[str, Any] = eval_defaults(run) if run is not None else {}

@@ -7,13 +7,12 @@ import json
 import numpy as np
 import pytest
 
+from audit_toy import make_toy_run, toy_problems, write_jsonl
 from dpgrpo.audit.one_run import lower_bound_from_counts
 from dpgrpo.audit.pipeline import read_candidates, read_run, run_canary_audit, run_mia
 from dpgrpo.audit.report import write_canary_report, write_mia_report
 from dpgrpo.audit.scoring import SamplingSettings
 from dpgrpo.errors import ConfigError, DataError, ReleaseError
-
-from audit_toy import make_toy_run, toy_problems, write_jsonl
 
 SETTINGS = SamplingSettings(n_samples=2, max_new_tokens=4)
 

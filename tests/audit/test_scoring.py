@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from audit_toy import register_toy_task, toy_problems
 from dpgrpo.audit.scoring import (
     SamplingSettings,
     diba_feature_rows,
@@ -17,8 +18,6 @@ from dpgrpo.audit.scoring import (
 from dpgrpo.model import LoraSettings, load_adapter, load_policy
 from dpgrpo.rollout.transformers_engine import TransformersEngine
 from dpgrpo.tasks import get_task
-
-from audit_toy import register_toy_task, toy_problems
 
 SETTINGS = SamplingSettings(n_samples=2, max_new_tokens=6)
 
@@ -61,7 +60,7 @@ def test_token_stats_ignore_left_padding(toy_policy):
     scored = (score[:, 1:].bool() & attn[:, :-1].bool()).numpy()
     assert (ent[:, 1:][scored] > 0).all() and (ent[:, 1:][~scored] == 0).all()
     assert (lp[:, 1:][scored] < 0).all() and scored.sum() == len(short) - 1 + len(long) - 1
-    from dpgrpo.objectives.grpo import token_logprobs     # the training's log-probabilities
+    from dpgrpo.objectives.grpo import token_logprobs  # the training's log-probabilities
 
     with torch.no_grad():
         train_lp = token_logprobs(model, ids, attn).double().numpy()

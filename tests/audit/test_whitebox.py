@@ -11,12 +11,24 @@ import pytest
 from scipy import stats
 
 from dpgrpo.audit.gradient_canaries import make_directions
-from dpgrpo.audit.mechanism_audit import (DEFAULT_CANARIES, audit_mechanism, detection,
-                                         require_passed)
-from dpgrpo.audit.whitebox import BROKEN, AuditSetup, simulate
+from dpgrpo.audit.mechanism_audit import (
+    DEFAULT_CANARIES,
+    audit_mechanism,
+    detection,
+    require_passed,
+)
 from dpgrpo.audit.one_run import lower_bound_from_counts
-from dpgrpo.audit.whitebox_stats import (ceiling_design, count_ceiling, design, gaussian_fit,
-                                         gdp_epsilon, llr_scores, one_run_bound, sum_statistic)
+from dpgrpo.audit.whitebox import BROKEN, AuditSetup, simulate
+from dpgrpo.audit.whitebox_stats import (
+    ceiling_design,
+    count_ceiling,
+    design,
+    gaussian_fit,
+    gdp_epsilon,
+    llr_scores,
+    one_run_bound,
+    sum_statistic,
+)
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
 #: The study's operating point (configs/cpu-study.toml): n 1,000, q 0.008, T 12, sigma 0.344.
@@ -138,8 +150,8 @@ def _certificate(**kw):
 
 
 def test_study_step_audits_the_certificate_and_the_results_page_prints_it(tmp_path):
+    from dpgrpo.experiments.study import _whitebox
     from dpgrpo.reports.study import _whitebox_sentence
-    from dpgrpo.study import _whitebox
 
     audit = _whitebox(_certificate(), tmp_path / "mechanism")
     k = DEFAULT_CANARIES                                 # slots of their own beside the run's

@@ -8,9 +8,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dpgrpo.cli import audit as audit_cli
-
 from audit_toy import make_toy_run, toy_problems, write_jsonl
+from dpgrpo.cli import audit as audit_cli
 
 
 @pytest.fixture(scope="module")

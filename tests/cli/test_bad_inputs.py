@@ -149,7 +149,7 @@ def test_push_with_a_damaged_certificate_names_it(damage, tmp_path, capsys):
 
 
 def test_push_refuses_a_release_file_that_differs_from_its_checksum(tmp_path, capsys):
-    from dpgrpo.atomic import sha256_file
+    from dpgrpo.rundir.atomic import sha256_file
 
     release = _release(tmp_path)
     digest = sha256_file(release / "adapter_model.safetensors")
@@ -181,7 +181,7 @@ def test_a_raising_reward_names_the_function_and_round_and_the_run_resumes(
     assert "round 1" in [x for x in lines if x.startswith("error:")][0]
     assert (tmp_path / "run" / "recovery" / "journal.jsonl").stat().st_size > 0  # charged
     monkeypatch.setenv("PICKY_OK", "1")
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     result = train(None, tmp_path / "run", resume=True)
     assert result.rounds_done == 1 and result.certificate["rounds_charged"] >= 1

@@ -61,7 +61,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tiny_model_dir, tmp_path):
 
 
 def test_second_writer_gets_one_line_naming_the_pid(tiny_model_dir, tmp_path, capsys):
-    from dpgrpo.runlock import RunLock
+    from dpgrpo.rundir.lock import RunLock
 
     run_dir = tmp_path / "run"
     with RunLock(run_dir):
@@ -104,7 +104,7 @@ def test_empty_train_file_is_named(tmp_path, shared_data_dir):
 
 
 def test_failed_start_leaves_no_directory(tiny_model_dir, tmp_path):
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     cfg = apply_overrides(embedded_default(), [
         f"model.name={tiny_model_dir}", "model.device=cpu", "data.limit=40",

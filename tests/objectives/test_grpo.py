@@ -10,9 +10,16 @@ import torch
 from dpgrpo.errors import ConfigError
 from dpgrpo.model import LoraSettings, attach_lora
 from dpgrpo.objectives import TrainBatch
-from dpgrpo.objectives.grpo import (ADVANTAGE_MODES, GRPOObjective, build_grpo_batch,
-                                    compute_advantages, group_advantages, k3_kl,
-                                    reference_logprobs, token_logprobs)
+from dpgrpo.objectives.grpo import (
+    ADVANTAGE_MODES,
+    GRPOObjective,
+    build_grpo_batch,
+    compute_advantages,
+    group_advantages,
+    k3_kl,
+    reference_logprobs,
+    token_logprobs,
+)
 from dpgrpo.rollout import generate
 from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer
 

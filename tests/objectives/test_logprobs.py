@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.objectives.logprobs import (chosen_logprobs, token_logprobs,
-                                        token_logprobs_and_entropy)
+from dpgrpo.objectives.logprobs import chosen_logprobs, token_logprobs, token_logprobs_and_entropy
 
 VOCAB = 151_936   # Qwen2.5's vocabulary
 
@@ -155,8 +154,7 @@ def test_equal_length_prompts_never_share_a_prompt_pass():
 
     from dpgrpo.objectives.grpo import reference_logprobs
     from dpgrpo.objectives.logprobs import token_logprobs
-    from dpgrpo.verify.fixtures import build_tiny_tokenizer, rollouts_from_specs
-    from dpgrpo.verify.fixtures import tiny_fp32_policy
+    from dpgrpo.verify.fixtures import build_tiny_tokenizer, rollouts_from_specs, tiny_fp32_policy
 
     tok = build_tiny_tokenizer()
     model = tiny_fp32_policy(tok)

@@ -11,14 +11,24 @@ import pytest
 import torch
 
 from dpgrpo.config import RunConfig, apply_overrides
+from dpgrpo.config.losses import LOSS_TYPES
 from dpgrpo.errors import ConfigError
-from dpgrpo.grads import flat_mean_gradient, per_prompt_grads, prompt_gradient
-from dpgrpo.loss_table import LOSS_TYPES
 from dpgrpo.objectives import TrainBatch
-from dpgrpo.objectives.grpo import (GRPOObjective, build_grpo_batch, compute_advantages,
-                                    group_advantages, reference_logprobs)
-from dpgrpo.verify.fixtures import (build_tiny_tokenizer, random_specs, rollouts_from_specs,
-                                    tiny_fp32_policy, tiny_fp64_policy)
+from dpgrpo.objectives.grpo import (
+    GRPOObjective,
+    build_grpo_batch,
+    compute_advantages,
+    group_advantages,
+    reference_logprobs,
+)
+from dpgrpo.training.grads import flat_mean_gradient, per_prompt_grads, prompt_gradient
+from dpgrpo.verify.fixtures import (
+    build_tiny_tokenizer,
+    random_specs,
+    rollouts_from_specs,
+    tiny_fp32_policy,
+    tiny_fp64_policy,
+)
 
 VARIANTS = [GRPOObjective(beta=0.1, loss_type=t, max_completion_length=8) for t in LOSS_TYPES]
 K = math.exp(-0.3) + 0.3 - 1          # k3 KL per token when logp - ref = 0.3
@@ -196,8 +206,8 @@ def test_config_maps_the_variants_and_refuses_batch_statistics():
 def test_the_arm_uses_the_options(tok):
     from types import SimpleNamespace
 
-    from dpgrpo.arms import make_arm
     from dpgrpo.config import embedded_default
+    from dpgrpo.training.arms import make_arm
     from dpgrpo.verify.fixtures import synthetic_rollouts
 
     seen = {}

@@ -129,8 +129,8 @@ def _run(cfg, ledger):
 
 
 def test_certificate_and_release_card_state_the_figures():
-    from dpgrpo.checkpoint import _release_readme
-    from dpgrpo.run_setup import certificate
+    from dpgrpo.release.certificate import certificate
+    from dpgrpo.release.write import _release_readme
 
     ledger = PrivacyLedger([RoundEvent(0.02, 1.0, 30)])
     cfg = apply_overrides(embedded_default(), ["privacy.group_sizes=2,4"])
@@ -151,7 +151,7 @@ def test_certificate_and_release_card_state_the_figures():
 
 def test_figures_carry_the_noise_tail_term_like_the_headline(monkeypatch):
     """Issue 32, defect 6: replace-one and group figures were stated at delta_pld alone."""
-    from dpgrpo.run_setup import certificate
+    from dpgrpo.release.certificate import certificate
 
     seen = []
 
@@ -159,7 +159,7 @@ def test_figures_carry_the_noise_tail_term_like_the_headline(monkeypatch):
         seen.append(eps)
         return 1e-7 * rounds * (1.0 + math.exp(min(eps, 50.0))) / 1e3
 
-    monkeypatch.setattr("dpgrpo.run_setup.noise_tail_delta", tail)
+    monkeypatch.setattr("dpgrpo.release.certificate.noise_tail_delta", tail)
     ledger = PrivacyLedger([RoundEvent(0.02, 1.0, 30)])
     cfg = apply_overrides(embedded_default(), ["privacy.group_sizes=2,4"])
     cert = certificate(_run(cfg, ledger), ledger, 30)

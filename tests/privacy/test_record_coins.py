@@ -15,8 +15,14 @@ import torch
 from dpgrpo.errors import PrivacyError
 from dpgrpo.privacy import record_coins
 from dpgrpo.privacy.contributors import Contributor, ProblemChooser, round_prompts
-from dpgrpo.privacy.record_coins import (KEY_BYTES, PURPOSES, PromptCoins, RecordRandomness,
-                                         RoundKey, torch_seed)
+from dpgrpo.privacy.record_coins import (
+    KEY_BYTES,
+    PURPOSES,
+    PromptCoins,
+    RecordRandomness,
+    RoundKey,
+    torch_seed,
+)
 from dpgrpo.rollout.sampling import row_coins
 
 KEY = RoundKey(bytes(range(32)), 3)

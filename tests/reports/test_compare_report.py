@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from compare_data import STRICT, matrix, write_all, write_eval
+
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.evaluation import stats
 from dpgrpo.reports.compare import Settings, compare_arms, run_compare

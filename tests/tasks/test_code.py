@@ -92,7 +92,7 @@ def test_a_training_run_on_the_code_task_verifies_in_the_sandbox(tiny_model_dir,
 
     import dpgrpo.tasks.code as code
     from dpgrpo.config import apply_overrides, embedded_default
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     statuses = []
     original = code.run_tests

@@ -152,7 +152,7 @@ def test_svamp_json_array_errors_carry_the_record_line(tmp_path: Path) -> None:
 
 def test_record_bound_counts_the_line_ending_and_keeps_line_numbers(
         tmp_path: Path) -> None:
-    from dpgrpo.tasks.records import read_jsonl, read_json_array
+    from dpgrpo.tasks.records import read_json_array, read_jsonl
 
     path = tmp_path / "r.jsonl"
     path.write_bytes(b'"' + b"a" * 8 + b'"\r\n' + b'"' + b"b" * 8 + b'"\n\n"c"')

@@ -6,8 +6,8 @@ The attacks themselves are in test_hostile_completions.py.
 from __future__ import annotations
 
 import os
-import subprocess
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 

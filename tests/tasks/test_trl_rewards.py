@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dpgrpo.arms import make_arm
 from dpgrpo.config import apply_overrides, embedded_default
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.rollout.batch import chat_prompt_ids, chat_text, completion_ids
 from dpgrpo.tasks import make_task
 from dpgrpo.tasks.trl_rewards import TRLReward, is_trl_reward, record_columns, trl_reward
+from dpgrpo.training.arms import make_arm
 from dpgrpo.verify.fixtures import build_tiny_tokenizer, synthetic_rollouts
 
 G = 3

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dpgrpo.atomic import atomic_write_text
 from dpgrpo.errors import ConfigError, DataError, ReleaseError
+from dpgrpo.rundir.atomic import atomic_write_text
 from dpgrpo.tasks import Problem
 
 CANARY_PLAN_VERSION = 1

@@ -1,6 +1,6 @@
 """End-to-end mode of the white-box audit: gradient canaries among real per-prompt gradients.
 
-The run is built by :func:`dpgrpo.run_setup.build_run` from the config, exactly as training
+The run is built by :func:`dpgrpo.training.setup.build_run` from the config, exactly as training
 builds it (its slots, public n, q, calibrated sigma, C, sampler, noise source, policy and AdamW),
 and each round follows the trainer's lines: the sampler draws the slots, the arm makes rollouts
 of the sampled real records and their per-prompt gradients, and the mechanism combines them. The
@@ -47,14 +47,14 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
                         direction_seed: int = 0, seed: int | None = None
                         ) -> tuple[AuditSetup, Observation]:
     """T rounds of the real run with K gradient canaries (module docstring)."""
-    from dpgrpo.arms import make_arm
-    from dpgrpo.grads import per_prompt_grads, trainable_parameters
     from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
     from dpgrpo.privacy.contributors import round_prompts, sum_within_records
     from dpgrpo.privacy.record_coins import PromptCoins
-    from dpgrpo.quiet import quiet_model_loading
-    from dpgrpo.run_setup import build_run
-    from dpgrpo.trainer import _apply, _grad_method
+    from dpgrpo.training.arms import make_arm
+    from dpgrpo.training.grads import per_prompt_grads, trainable_parameters
+    from dpgrpo.training.quiet import quiet_model_loading
+    from dpgrpo.training.setup import build_run
+    from dpgrpo.training.trainer import _apply, _grad_method
 
     start = time.perf_counter()
     with quiet_model_loading():

@@ -25,8 +25,16 @@ from typing import Any
 import numpy as np
 
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, Observation, simulate
-from dpgrpo.audit.whitebox_stats import (analytic, calibration, count_ceiling, design,
-                                         gaussian_fit, llr_scores, one_run_bound, sum_statistic)
+from dpgrpo.audit.whitebox_stats import (
+    analytic,
+    calibration,
+    count_ceiling,
+    design,
+    gaussian_fit,
+    llr_scores,
+    one_run_bound,
+    sum_statistic,
+)
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
 #: Model-free audits put K canaries in K slots of their own beside the run's n (same q), so K

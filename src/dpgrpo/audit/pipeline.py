@@ -26,7 +26,7 @@ from dpgrpo.audit.mia import MIAResult, evaluate_diba, hardness_split
 from dpgrpo.audit.one_run import OneRunResult, one_run_audit
 from dpgrpo.audit.scoring import SamplingSettings, diba_feature_rows, gold_baseline_scores
 from dpgrpo.errors import ConfigError, DataError
-from dpgrpo.rundir import RunDir
+from dpgrpo.rundir.layout import RunDir
 from dpgrpo.tasks import Problem
 
 

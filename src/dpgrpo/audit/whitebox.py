@@ -33,9 +33,16 @@ import torch
 from dpgrpo.audit.canary import draw_inclusion
 from dpgrpo.audit.gradient_canaries import make_directions
 from dpgrpo.errors import ConfigError
-from dpgrpo.privacy.mechanism import (Grads, add_gaussian_noise, check_expected_batch,
-                                      clip_and_sum, num_records, privatize, sanitize_nonfinite,
-                                      sum_records)
+from dpgrpo.privacy.mechanism import (
+    Grads,
+    add_gaussian_noise,
+    check_expected_batch,
+    clip_and_sum,
+    num_records,
+    privatize,
+    sanitize_nonfinite,
+    sum_records,
+)
 from dpgrpo.privacy.noise import NoiseSource
 from dpgrpo.privacy.sampling import PoissonSampler
 

@@ -20,8 +20,8 @@ from typing import Optional
 import typer
 
 from dpgrpo import __version__
-from dpgrpo.atomic import full_message, read_only_message
 from dpgrpo.errors import DPGRPOError
+from dpgrpo.rundir.atomic import full_message, read_only_message
 
 app = typer.Typer(
     name="dpgrpo",
@@ -46,8 +46,19 @@ def _root(version: Optional[bool] = typer.Option(
 
 
 def _register_all() -> None:
-    from dpgrpo.cli import (audit, compare, data, evaluate, privacy, protocol, push, study,
-                            train, tune, verify)
+    from dpgrpo.cli import (
+        audit,
+        compare,
+        data,
+        evaluate,
+        privacy,
+        protocol,
+        push,
+        study,
+        train,
+        tune,
+        verify,
+    )
 
     for module in (privacy, verify, train, data, evaluate, compare, protocol, study, tune, audit,
                    push):

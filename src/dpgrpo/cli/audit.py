@@ -211,7 +211,7 @@ def _report(audit, out: Path | None, as_json: bool) -> None:  # noqa: ANN001
     from dpgrpo.audit import mechanism_audit as ma
 
     if out is not None:
-        from dpgrpo.atomic import atomic_write_text
+        from dpgrpo.rundir.atomic import atomic_write_text
 
         atomic_write_text(out, json.dumps(audit.to_dict(), indent=1) + "\n")
     typer.echo(json.dumps(audit.to_dict(), indent=1) if as_json else ma.summary_lines(audit))

@@ -56,8 +56,7 @@ def eval_cmd(
 
     from dpgrpo.errors import ConfigError
     from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
-
-    from dpgrpo.release import eval_defaults
+    from dpgrpo.release.files import eval_defaults
 
     found = eval_defaults(run) if run is not None else {}
     model, task = model or found.get("model"), task or found.get("task")

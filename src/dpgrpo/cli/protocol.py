@@ -1,6 +1,6 @@
 """`dpgrpo protocol`: the fixed protocol of Section VII-C on one benchmark (train, eval, compare).
 
-A thin wrapper over :mod:`dpgrpo.protocol`; options given here override the config's optional
+A thin wrapper over :mod:`dpgrpo.experiments.protocol`; options given here override the config's optional
 ``[protocol]`` table, which overrides the defaults in code.
 """
 
@@ -47,9 +47,8 @@ def protocol_cmd(
 ) -> None:
     """Train every arm per seed, evaluate each the same way, compare with the base; resumable."""
     from dpgrpo.config import load_protocol_config
-    from dpgrpo.protocol import plan_protocol, protocol_settings, run_protocol
-
     from dpgrpo.errors import ConfigError
+    from dpgrpo.experiments.protocol import plan_protocol, protocol_settings, run_protocol
 
     if config is not None and config_option is not None:
         raise ConfigError("give the config once (positional CONFIG)")

@@ -24,7 +24,7 @@ def push_cmd(
     Refuses recovery/ (hidden randomness and private training data), a folder holding anything
     but release files, and a release whose certificate says not releasable unless --force.
     """
-    from dpgrpo.release import push_release
+    from dpgrpo.release.publish import push_release
 
     url = push_release(run, repo_id, private=private, force=force, revision=revision)
     typer.echo(json.dumps({"repo_id": repo_id, "commit_url": url}) if as_json else f"pushed {url}")

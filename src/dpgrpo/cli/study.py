@@ -1,4 +1,4 @@
-"""`dpgrpo study`: the CPU-scale learning and audit study in one command (dpgrpo.study)."""
+"""`dpgrpo study`: the CPU-scale learning and audit study in one command (dpgrpo.experiments.study)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def study_cmd(
     quiet: Optional[bool] = typer.Option(False, "--quiet", help="No progress messages."),
 ) -> None:
     """Base, non-private GRPO, DP-GRPO and control; leaky and private audits; results page."""
-    from dpgrpo.study import run_study
+    from dpgrpo.experiments.study import run_study
 
     say = (lambda message: None) if quiet else (lambda message: typer.echo(message, err=True))
     result = run_study(config, out, results_dir=results, sweep=sweep, say=say,

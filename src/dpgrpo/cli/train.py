@@ -41,7 +41,7 @@ def train_cmd(
     """Train a LoRA adapter with prompt-level (or contributor-level) DP (Algorithm 1); writes
     release/ and recovery/."""
     from dpgrpo.config import apply_overrides, embedded_default, load_config
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     if resume is not None:
         if config is not None or overrides:
@@ -87,8 +87,8 @@ def train_cmd(
 def _check_inputs(cfg) -> None:
     """Resolve the task and the model name (no loading): errors name the bad value."""
     from dpgrpo.model import check_hub_reachable, resolve_model
-    from dpgrpo.run_setup import resolve_device
     from dpgrpo.tasks import get_task
+    from dpgrpo.training.setup import resolve_device
 
     get_task(cfg.data.task)
     if resolve_model(cfg.model.name).is_hub_id:  # offline: say so now, not after retries
@@ -98,7 +98,7 @@ def _check_inputs(cfg) -> None:
 
 def _interrupted(run_dir: Path) -> NoReturn:
     """Ctrl-C: say what was kept and how to continue; exit status 130 (128 + SIGINT)."""
-    from dpgrpo.rundir import RunDir
+    from dpgrpo.rundir.layout import RunDir
 
     journal = RunDir(run_dir).journal
     if RunDir(run_dir).has_charges():
@@ -121,8 +121,13 @@ class _progress:
     def __enter__(self):
         if self.quiet:
             return lambda info: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-        from rich.progress import TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.bar = Progress(TextColumn("round"), MofNCompleteColumn(), BarColumn(),
                             TextColumn("{task.fields[status]}"), TimeElapsedColumn())

@@ -76,7 +76,7 @@ def load_model(model: str, adapter: Path | None, *, dtype: str, device: str) -> 
     """``(model, tokenizer)``: the frozen base model, or base + a saved adapter; ``device``
     ``auto`` is a GPU when there is one."""
     from dpgrpo import model as models
-    from dpgrpo.run_setup import resolve_device
+    from dpgrpo.training.setup import resolve_device
 
     device = str(resolve_device(device))
     if adapter is not None:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dpgrpo.atomic import atomic_write_text
 from dpgrpo.errors import DataError
+from dpgrpo.rundir.atomic import atomic_write_text
 from dpgrpo.tasks import Problem, Verdict, VerifiedTask
 
 log = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ from dpgrpo.evaluation.defaults import (  # noqa: E402
     DEFAULT_SEED,
     DEFAULT_SIGN_DRAWS,
 )
+
 _CHUNK_CELLS = 1 << 22             # cells per random chunk: bounds memory to ~32 MiB per array
 
 

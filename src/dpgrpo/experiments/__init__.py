@@ -1,1 +1,2 @@
-"""Experiments built from training runs: public-proxy tuning (more to come here)."""
+"""Experiments built from training runs: the paper's protocol (arms x seeds, compared on one
+eval set), the CPU study (protocol + audits + results page) and public-proxy tuning."""

@@ -216,7 +216,7 @@ def _point_dirs(out: Path, point: GridPoint) -> Path:
 def plan_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
                n: int) -> Any:
     """The point's one-run protocol plan (DP-GRPO only, one seed, no figures) on the proxy."""
-    from dpgrpo.protocol import ProtocolSettings, plan_protocol
+    from dpgrpo.experiments.protocol import ProtocolSettings, plan_protocol
 
     cfg = proxy_config(config, settings, point, n)
     st = ProtocolSettings(seeds=1, arms=("dp-grpo",), eval_split=settings.eval_split,
@@ -227,8 +227,8 @@ def plan_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out:
 
 def _run_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
                n: int) -> dict[str, Any]:
-    from dpgrpo.protocol import check_existing, run_one
-    from dpgrpo.rundir import RunDir
+    from dpgrpo.experiments.protocol import check_existing, run_one
+    from dpgrpo.rundir.layout import RunDir
 
     plan = plan_point(config, settings, point, out, n)
     spec, = plan.runs
@@ -240,7 +240,7 @@ def _run_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out:
 
 
 def _run_base(config: RunConfig, settings: TuneSettings, out: Path, n: int) -> dict[str, Any]:
-    from dpgrpo.protocol import BASE_ARM, evaluate
+    from dpgrpo.experiments.protocol import BASE_ARM, evaluate
 
     plan = plan_point(config, settings, settings.grid[0], out, n)
     summary = evaluate(plan, out / "base", adapter=None, arm=BASE_ARM, seed=None)
@@ -317,8 +317,8 @@ def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
              progress: Callable[[str], None] | None = None) -> TuneResult:
     """Train and score every grid point on the proxy; choose the best proxy accuracy (ties:
     the earlier point); write ``tune.json`` and ``chosen.toml``. Never reads the private data."""
-    from dpgrpo.atomic import atomic_write_json, atomic_write_text
-    from dpgrpo.runlock import RunLock
+    from dpgrpo.rundir.atomic import atomic_write_json, atomic_write_text
+    from dpgrpo.rundir.lock import RunLock
 
     say = progress or (lambda message: None)
     out = Path(out_dir).resolve()

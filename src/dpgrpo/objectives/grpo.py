@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
+from dpgrpo.config.losses import LOSS_TYPES, refuse
 from dpgrpo.errors import ConfigError
-from dpgrpo.loss_table import LOSS_TYPES, refuse
-from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform
-from dpgrpo.objectives import window_logprobs
+from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform, window_logprobs
 from dpgrpo.objectives.logprobs import token_logprobs
 
 ADVANTAGE_MODES = ("group", "zero", "shuffled", "positive")
@@ -95,7 +94,7 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 class GRPOObjective:
     """Eq. (7): row loss = -(1/N) sum_k [exp(u_k - sg(u_k)) A - beta K_k], N per ``loss_type``.
 
-    ``loss_type`` (:data:`dpgrpo.loss_table.LOSS_TYPES`; the prompt's loss is the mean of its
+    ``loss_type`` (:data:`dpgrpo.config.losses.LOSS_TYPES`; the prompt's loss is the mean of its
     G row losses):
 
     * ``"grpo"``: N = the completion's own length (Eq. 7; Shao et al. 2024).

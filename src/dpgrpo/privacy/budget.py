@@ -1,6 +1,6 @@
 """A run's public constants from its configuration alone (assumption A1): n, q, delta, sigma, C.
 
-The one resolver behind the trainer (:func:`dpgrpo.run_setup.build_run`) and the budget
+The one resolver behind the trainer (:func:`dpgrpo.training.setup.build_run`) and the budget
 report (:mod:`dpgrpo.reports.budget`, Table VI), so that the epsilon a report promises is the
 one a run certifies:
 

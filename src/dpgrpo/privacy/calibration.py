@@ -30,6 +30,7 @@ from dpgrpo.privacy.accounting import (
 )
 from dpgrpo.privacy.limits import min_sigma
 
+
 @dataclass(frozen=True)
 class Calibration:
     """Result of :func:`calibrate`.

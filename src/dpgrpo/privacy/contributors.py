@@ -9,7 +9,7 @@ With ``data.privacy_unit = "contributor"`` Algorithm 1 runs unchanged over contr
   public) of its problems, chosen uniformly without replacement from hidden randomness
   (:class:`ProblemChooser`: 128 bits of OS entropy per problem, or the debugging seed);
 * **one gradient per contributor**: the per-prompt gradients of its chosen problems (each
-  computed from that prompt's rows alone, :mod:`dpgrpo.grads`) are summed
+  computed from that prompt's rows alone, :mod:`dpgrpo.training.grads`) are summed
   (:func:`sum_within_records`) before the mechanism, which clips that sum to C once, adds the
   noise once and divides by q n (:mod:`dpgrpo.privacy.mechanism`, still the only place where
   different records meet).
@@ -79,8 +79,11 @@ def contributor_slots(data: Any, task: Any, loaded: Any,
                       canaries: int) -> tuple[list[Contributor | None], SlotCount]:
     """The contributor slots of a split (before the canaries): its contributors, in order of
     first appearance, then absent slots up to ``data.n_slots`` - canaries."""
-    from dpgrpo.tasks.contributors import assign_contributors, group_by_contributor
-    from dpgrpo.tasks.contributors import read_contributor_map
+    from dpgrpo.tasks.contributors import (
+        assign_contributors,
+        group_by_contributor,
+        read_contributor_map,
+    )
 
     if data.n_slots is None:  # before the mapping is read (DataConfig refuses it too)
         contributor_slot_count(n_slots=None, contributors=0, canaries=canaries)

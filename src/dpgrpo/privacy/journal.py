@@ -13,7 +13,7 @@ file (alone, or with ``ledger.json`` and the certificate) loses no charged round
 ``seq`` is the line's number (1, 2, ...), ``count`` the rounds this line charges, ``total`` the
 rounds charged by the journal up to and including it, and ``sha256`` the digest of the line's
 canonical JSON without that field. Kinds: ``charge`` (one round), ``recovered`` (rounds that
-other records prove were charged but whose lines were lost; see :mod:`dpgrpo.resume`) and
+other records prove were charged but whose lines were lost; see :mod:`dpgrpo.rundir.resume`) and
 ``torn`` (a note, count 0, after a torn line that has been charged).
 
 Reading never under-counts. Every line that is not an intact record (torn by a crash, or
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpgrpo.atomic import fsync_dir
 from dpgrpo.errors import DiskFullError, LedgerError
 from dpgrpo.privacy.accounting import PrivacyLedger
+from dpgrpo.rundir.atomic import fsync_dir
 
 KINDS = ("charge", "recovered", "torn")
 

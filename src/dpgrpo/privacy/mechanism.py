@@ -149,7 +149,7 @@ def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, cl
 class ClippedSum:
     """Lines 7-8 before the noise: the fp64 sum of clipped records and its private counts.
 
-    This is what data-parallel ranks all-reduce (:mod:`dpgrpo.distributed`): clipping happened
+    This is what data-parallel ranks all-reduce (:mod:`dpgrpo.training.distributed`): clipping happened
     per record before any reduction, so the sensitivity of the reduced total is still C.
     """
 

@@ -140,7 +140,7 @@ def compare_contributor(config: RunConfig, row: BudgetRow, name: str = "config",
 def budget_rows(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> list[BudgetRow]:
     """Load each TOML config (with ``section.key=value`` overrides) and resolve its budget.
 
-    A ``[protocol]`` table (see :mod:`dpgrpo.protocol`) is ignored; rows are named after the
+    A ``[protocol]`` table (see :mod:`dpgrpo.experiments.protocol`) is ignored; rows are named after the
     file stem. The arm is irrelevant to the budget, so a protocol file's arm does not matter;
     a ``non-private`` config raises ConfigError.
     """

@@ -26,8 +26,15 @@ from typing import Any
 import torch
 
 from dpgrpo.model import Policy
-from dpgrpo.rollout.batch import (Message, RolloutBatch, assemble, chat_prompt_ids, empty_batch,
-                                  left_pad, stop_ids)
+from dpgrpo.rollout.batch import (
+    Message,
+    RolloutBatch,
+    assemble,
+    chat_prompt_ids,
+    empty_batch,
+    left_pad,
+    stop_ids,
+)
 from dpgrpo.rollout.engine import check_request, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
 

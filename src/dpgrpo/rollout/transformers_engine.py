@@ -21,8 +21,15 @@ from typing import Any
 import torch
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.rollout.batch import (Message, RolloutBatch, assemble, chat_prompt_ids, empty_batch,
-                                  left_pad, stop_ids)
+from dpgrpo.rollout.batch import (
+    Message,
+    RolloutBatch,
+    assemble,
+    chat_prompt_ids,
+    empty_batch,
+    left_pad,
+    stop_ids,
+)
 from dpgrpo.rollout.decode import decode
 from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds
 from dpgrpo.rollout.sampling import SamplerSettings, row_coins

@@ -39,8 +39,15 @@ from typing import Any
 import torch
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.rollout.batch import (Message, RolloutBatch, assemble, chat_prompt_ids, empty_batch,
-                                  left_pad, stop_ids)
+from dpgrpo.rollout.batch import (
+    Message,
+    RolloutBatch,
+    assemble,
+    chat_prompt_ids,
+    empty_batch,
+    left_pad,
+    stop_ids,
+)
 from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
 

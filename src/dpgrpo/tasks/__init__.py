@@ -29,7 +29,6 @@ from dpgrpo.tasks import humaneval as _humaneval  # noqa: F401
 from dpgrpo.tasks import svamp as _svamp  # noqa: F401
 from dpgrpo.tasks import verifiers as _verifiers  # noqa: F401  (registers the scorers)
 from dpgrpo.tasks.arithmetic import generate_problems, make_arithmetic_task
-from dpgrpo.tasks.custom import RewardFn, RewardTask, make_task
 from dpgrpo.tasks.base import (
     DEFAULT_CHECK_TIMEOUT_S,
     SCORERS,
@@ -45,6 +44,7 @@ from dpgrpo.tasks.base import (
     register_task,
     task_names,
 )
+from dpgrpo.tasks.custom import RewardFn, RewardTask, make_task
 
 __all__ = [
     "DEFAULT_CHECK_TIMEOUT_S", "SCORERS", "LoadedSplit", "Problem", "RewardFn", "RewardTask",

@@ -30,8 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpgrpo.errors import ConfigError
-from dpgrpo.tasks.base import LoadedSplit, Problem, Verdict, VerifiedTask, get_scorer
-from dpgrpo.tasks.base import register_scorer, register_task
+from dpgrpo.tasks.base import (
+    LoadedSplit,
+    Problem,
+    Verdict,
+    VerifiedTask,
+    get_scorer,
+    register_scorer,
+    register_task,
+)
 from dpgrpo.tasks.isolation import require_isolation
 from dpgrpo.tasks.sandbox import SandboxLimits, run_tests
 

@@ -43,8 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpgrpo.tasks import _sandbox_wire as wire
-from dpgrpo.tasks.isolation import (WORKDIR, IsolationUnavailable, Launcher, launcher, layout,
-                                    require_isolation, seccomp_filter)
+from dpgrpo.tasks.isolation import (
+    WORKDIR,
+    IsolationUnavailable,
+    Launcher,
+    launcher,
+    layout,
+    require_isolation,
+    seccomp_filter,
+)
 from dpgrpo.tasks.testplan import Call, call_plan, remote_names
 
 _HERE = Path(__file__).parent

@@ -11,11 +11,15 @@ from functools import lru_cache
 
 import torch
 
-from dpgrpo.grads import flat_mean_gradient, per_prompt_grads
-from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, group_advantages
-from dpgrpo.objectives.grpo import reference_logprobs
+from dpgrpo.objectives.grpo import (
+    GRPOObjective,
+    build_grpo_batch,
+    group_advantages,
+    reference_logprobs,
+)
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
+from dpgrpo.training.grads import flat_mean_gradient, per_prompt_grads
 from dpgrpo.verify.fixtures import synthetic_rollouts, tiny_fp64_policy
 from dpgrpo.verify.registry import check
 

@@ -19,8 +19,7 @@ import numpy as np
 import torch
 
 from dpgrpo.privacy.noise import SECURE_DRAWS, NoiseSource, box_muller, combine_draws
-from dpgrpo.privacy.record_coins import PURPOSES, PromptCoins, RecordRandomness, RoundKey
-from dpgrpo.privacy.record_coins import keystream
+from dpgrpo.privacy.record_coins import PURPOSES, PromptCoins, RecordRandomness, RoundKey, keystream
 from dpgrpo.privacy.sampling import PoissonSampler
 from dpgrpo.verify.registry import check
 

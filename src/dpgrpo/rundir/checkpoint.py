@@ -26,14 +26,14 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dpgrpo.atomic import (
+from dpgrpo.errors import ConfigError, RecoveryError
+from dpgrpo.rundir.atomic import (
     atomic_write_json,
     atomic_write_text,
     disk_full_guard,
@@ -41,8 +41,6 @@ from dpgrpo.atomic import (
     fsync_file,
     sha256_file,
 )
-from dpgrpo.errors import ConfigError, RecoveryError, ReleaseError
-from dpgrpo.release import RELEASE_CONFIG, RELEASE_FILES
 
 KEEP_CHECKPOINTS = 2
 _STEP = re.compile(r"step-(\d{6,})")
@@ -60,97 +58,6 @@ def remove_temporaries(run_dir: Path) -> list[str]:
         else:
             path.unlink(missing_ok=True)
     return sorted(p.name for p in found)
-
-
-def write_release(release_dir: Path, *, model: Any, config: dict[str, Any],
-                  certificate: dict[str, Any]) -> None:
-    """Write the release atomically: build it beside the target, then swap directories."""
-    parent = release_dir.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    with disk_full_guard(release_dir):
-        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=".release-"))
-        try:
-            _build_release(tmp, model, config, certificate)
-            old = parent / ".release-old"
-            if old.exists():
-                shutil.rmtree(old)
-            if release_dir.exists():
-                os.replace(release_dir, old)
-            os.replace(tmp, release_dir)
-            fsync_dir(parent)
-            shutil.rmtree(old, ignore_errors=True)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _build_release(tmp: Path, model: Any, config: dict[str, Any],
-                   certificate: dict[str, Any]) -> None:
-    with warnings.catch_warnings():  # PEFT looks for the base's config.json to compare
-        warnings.filterwarnings("ignore", message="Could not find a config file")
-        warnings.filterwarnings("ignore", message="Unable to fetch remote file")
-        # The LoRA never resizes the vocabulary: no need to save (or look up) embeddings.
-        model.save_pretrained(str(tmp), save_embedding_layers=False)
-    atomic_write_json(tmp / RELEASE_CONFIG, config)
-    digests = {name: sha256_file(tmp / name)  # checked by push and by resume
-               for name in ("adapter_model.safetensors", "adapter_config.json")}
-    atomic_write_json(tmp / "certificate.json", {**certificate, "files_sha256": digests})
-    atomic_write_text(tmp / "README.md", _model_card(tmp) + _release_readme(certificate))
-    stray = sorted(p.name for p in tmp.iterdir() if p.name not in RELEASE_FILES)
-    if stray:
-        raise ReleaseError(f"refusing to release unexpected files {stray}: only "
-                           f"{sorted(RELEASE_FILES)} may leave the curator")
-    for path in tmp.iterdir():
-        fsync_file(path)
-
-
-def _model_card(release: Path) -> str:
-    """YAML front matter of the model card: PEFT's own (base_model, library_name: peft,
-    pipeline_tag, tags) with the base named by its public name, plus dpgrpo's tags."""
-    from huggingface_hub import ModelCardData
-    from huggingface_hub.repocard import metadata_load
-
-    card = release / "README.md"  # PEFT's, written by save_pretrained
-    meta = (metadata_load(card) if card.exists() else None) or {}
-    adapter = json.loads((release / "adapter_config.json").read_text())
-    base = adapter.get("base_model_name_or_path") or meta.get("base_model")
-    tags = [t for t in meta.get("tags", []) if not str(t).startswith("base_model:")]
-    meta.update(base_model=base, library_name="peft")
-    meta.setdefault("pipeline_tag", "text-generation")
-    meta["tags"] = [*([f"base_model:adapter:{base}"] if base else []), *tags,
-                    *(t for t in ("dpgrpo", "differential-privacy", "grpo") if t not in tags)]
-    return f"---\n{ModelCardData(**meta).to_yaml()}\n---\n\n"
-
-
-def _release_readme(cert: dict[str, Any]) -> str:
-    eps = cert.get("epsilon")
-    status = ("releasable" if cert.get("releasable") else
-              "NOT releasable (seeded generators or a non-private arm)")
-    protects = ""
-    if isinstance(cert.get("replace_one"), dict):  # what each figure protects (privacy/figures.py)
-        def fig(f: dict[str, Any]) -> str:
-            return f"({f.get('epsilon'):.4g}, {f.get('delta'):.3g}) [{f.get('method')}]"
-
-        groups = "; ".join(f"k = {g.get('group')}: {fig(g)}" for g in cert.get("group_privacy", []))
-        protects = (
-            "What each figure protects, all accounted at the same delta (each with the "
-            f"noise-tail term at its own epsilon): epsilon = {eps} protects one "
-            "problem (with its reference answer) added to or removed from the training set; "
-            f"replace-one {fig(cert['replace_one'])} protects one problem swapped for another; "
-            f"a person who contributed k problems, all added or removed together, is protected "
-            f"at {groups or 'no group size listed (privacy.group_sizes)'}. Larger k weakens the "
-            "guarantee; `dpgrpo privacy convert --ledger certificate.json --delta DELTA --group K` "
-            "computes any k.\n\n")
-    return (f"# dpgrpo release\n\nLoRA adapter for `{cert.get('model')}` trained with arm "
-            f"`{cert.get('arm')}`.\n\nGuarantee: ({eps}, {cert.get('delta')})-DP with respect to "
-            f"adding or removing one training prompt (n = {cert.get('n')} public slots), "
-            f"{cert.get('rounds_charged')} rounds of the Poisson-subsampled Gaussian mechanism "
-            f"(q = {cert.get('q')}, sigma = {cert.get('sigma')}), accounted with "
-            f"{cert.get('accountant')}. Status: {status}.\n\n{protects}Load with "
-            "`peft.PeftModel.from_pretrained(base_model, this_directory)`, "
-            "`peft.AutoPeftModelForCausalLM.from_pretrained(this_directory)` or (with peft "
-            "installed) `transformers.AutoModelForCausalLM.from_pretrained(this_directory)`; "
-            f"see certificate.json and {RELEASE_CONFIG} (the public training config).\n")
 
 
 def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
@@ -272,8 +179,8 @@ def load_recovery(recovery_dir: Path) -> dict[str, Any] | None:
 def _restorable(model: Any) -> dict[str, torch.nn.Parameter]:
     """The trainable parameters and every adapter weight, frozen ones included: a frozen
     lora_A (model.lora_train = "B") was drawn at start-up and a resumed run must keep it."""
-    from dpgrpo.grads import trainable_parameters
     from dpgrpo.model import adapter_parameters
+    from dpgrpo.training.grads import trainable_parameters
 
     trainable = trainable_parameters(model)
     return {**adapter_parameters(model), **trainable}
@@ -289,6 +196,5 @@ def restore_adapter(model: Any, adapter: dict[str, torch.Tensor]) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
-__all__ = ["Checkpoint", "KEEP_CHECKPOINTS", "RELEASE_FILES", "checkpoint_dirs", "load_checkpoint",
-           "load_recovery", "remove_temporaries", "restore_adapter", "save_recovery",
-           "write_release"]
+__all__ = ["Checkpoint", "KEEP_CHECKPOINTS", "checkpoint_dirs", "load_checkpoint",
+           "load_recovery", "remove_temporaries", "restore_adapter", "save_recovery"]

@@ -9,17 +9,17 @@ Algorithm 1 is here and must be chosen without looking at the private data (assu
 from __future__ import annotations
 
 import dataclasses
-import types
 import tomllib
+import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from dpgrpo.arm_table import arm_spec
-from dpgrpo.config_values import check_finite, parse_value, type_name
+from dpgrpo.config.arms import arm_spec
+from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, refuse
+from dpgrpo.config.values import check_finite, parse_value, type_name
 from dpgrpo.errors import ConfigError, DPGRPOError
-from dpgrpo.loss_table import LOSS_TYPES, SCALE_REWARDS, refuse
 
 MAX_GROUP_SIZE = 8
 #: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
@@ -218,11 +218,11 @@ class TrainConfig:
     # transformers engine on CUDA: constant-shape decoding steps replayed as a CUDA graph
     # (dpgrpo.rollout.graphs; checked against the eager step at every capture)
     cuda_graphs: bool = True
-    # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.runtime):
+    # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.training.runtime):
     # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
     bound_memory: bool = True
     # Opt-in logs of public values per round (round, T, epsilon): "jsonl"
-    # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.metrics)
+    # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.training.metrics)
     metrics: tuple[str, ...] = ()
     # Also log wall-clock times (elapsed, time/round, time/<phase>) to train.metrics. They
     # REVEAL THE REALIZED BATCH SIZE (time/reference tracks it at +0.996 on a quiet machine), a
@@ -285,7 +285,7 @@ class TrainConfig:
         for name in ("chunk_size", "rollout_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        from dpgrpo.metrics import BACKENDS
+        from dpgrpo.training.metrics import BACKENDS
 
         if any(m not in BACKENDS for m in self.metrics):
             raise ConfigError(f"train.metrics must list backends among {', '.join(BACKENDS)}; "
@@ -320,7 +320,7 @@ class RunConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
-        from dpgrpo.metrics import check_timing_sinks
+        from dpgrpo.training.metrics import check_timing_sinks
 
         check_timing_sinks(self.train.metrics, self.train.public_timings, self.releasable)
         if not self.private:
@@ -354,7 +354,7 @@ _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
 
 
 def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
-    """The value of ``section.key`` typed strictly by the field (see :func:`dpgrpo.config_values.parse_value`); a value
+    """The value of ``section.key`` typed strictly by the field (see :func:`dpgrpo.config.values.parse_value`); a value
     of the wrong type is a ConfigError naming the key, never silently converted."""
     cls = _CLASSES[section]
     hints = typing.get_type_hints(cls)
@@ -494,7 +494,7 @@ def embedded_default() -> RunConfig:
 
 def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
                          ) -> tuple[RunConfig, dict[str, Any]]:
-    """A training config and its ``[protocol]`` table (:mod:`dpgrpo.protocol`; stripped, like
+    """A training config and its ``[protocol]`` table (:mod:`dpgrpo.experiments.protocol`; stripped, like
     ``[study]``, before the RunConfig is built).
 
     ``path`` None: the embedded CPU demo. Overrides are ``section.key=value`` strings.
@@ -504,7 +504,7 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
     path = Path(path)
     data = read_toml(path)
     table = data.pop("protocol", {})
-    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.study)
+    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.experiments.study)
     data.pop("tune", None)      # settings of `dpgrpo tune`
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [protocol] must be a table")

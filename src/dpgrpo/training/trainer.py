@@ -12,7 +12,7 @@
         checkpoint every k rounds: release/ and recovery/
 
 Arms differ only in how a sampled record becomes a :class:`~dpgrpo.objectives.TrainBatch`
-(:mod:`dpgrpo.arms`) and in sigma and C; the mechanism, the accountant and the loop are shared.
+(:mod:`dpgrpo.training.arms`) and in sigma and C; the mechanism, the accountant and the loop are shared.
 """
 
 from __future__ import annotations
@@ -28,27 +28,45 @@ from typing import Any, Callable
 
 import torch
 
-from dpgrpo.arms import make_arm
-from dpgrpo.atomic import append_lines, atomic_write_json, atomic_write_text
-from dpgrpo.checkpoint import checkpoint_dirs, load_checkpoint
-from dpgrpo.checkpoint import remove_temporaries, restore_adapter, save_recovery, write_release
 from dpgrpo.config import RunConfig, to_toml
-from dpgrpo.distributed import DistContext, barrier, broadcast_object, init_from_env
-from dpgrpo.distributed import privatize_across_ranks, shard
 from dpgrpo.errors import ConfigError, UserCodeError
-from dpgrpo.grads import per_prompt_grads, trainable_parameters
-from dpgrpo.metrics import open_metrics
 from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.privacy.contributors import round_prompts, sum_within_records
 from dpgrpo.privacy.journal import PrivacyJournal
 from dpgrpo.privacy.record_coins import PromptCoins
-from dpgrpo.quiet import quiet_model_loading
-from dpgrpo.resume import check_charged, gather_evidence, read_run_config, reconcile
-from dpgrpo.resume import release_is_current
-from dpgrpo.run_setup import RunState, build_run, certificate
-from dpgrpo.runlock import RunLock
-from dpgrpo.runtime import bound_heap_growth, release_free_memory
-from dpgrpo.rundir import RunDir
+from dpgrpo.release.certificate import certificate
+from dpgrpo.release.write import write_release
+from dpgrpo.rundir.atomic import append_lines, atomic_write_json, atomic_write_text
+from dpgrpo.rundir.checkpoint import (
+    checkpoint_dirs,
+    load_checkpoint,
+    remove_temporaries,
+    restore_adapter,
+    save_recovery,
+)
+from dpgrpo.rundir.layout import RunDir
+from dpgrpo.rundir.lock import RunLock
+from dpgrpo.rundir.resume import (
+    check_charged,
+    gather_evidence,
+    read_run_config,
+    reconcile,
+    release_is_current,
+)
+from dpgrpo.training.arms import make_arm
+from dpgrpo.training.distributed import (
+    DistContext,
+    barrier,
+    broadcast_object,
+    init_from_env,
+    privatize_across_ranks,
+    shard,
+)
+from dpgrpo.training.grads import per_prompt_grads, trainable_parameters
+from dpgrpo.training.metrics import open_metrics
+from dpgrpo.training.quiet import quiet_model_loading
+from dpgrpo.training.runtime import bound_heap_growth, release_free_memory
+from dpgrpo.training.setup import RunState, build_run
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +91,7 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
     ``progress`` receives public values only (round, steps, epsilon, elapsed seconds) unless
     ``show_private``, which adds the round's realized batch size and mean reward (invariant 6).
 
-    One process writes a run at a time (:class:`~dpgrpo.runlock.RunLock`); a second one gets
+    One process writes a run at a time (:class:`~dpgrpo.rundir.lock.RunLock`); a second one gets
     :class:`~dpgrpo.errors.RunLockedError`. A fresh run that fails before its first round is
     charged leaves no run directory behind. ``stop_after`` ends the loop after that many rounds
     of this invocation without the final checkpoint, as an interruption would (used by tests

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpgrpo.release import RELEASE_DIR, read_release_config, release_config_path
+from dpgrpo.release.files import RELEASE_DIR, read_release_config, release_config_path
 
 CERTIFICATE = "certificate.json"
 ADAPTER = "adapter_model.safetensors"

@@ -47,12 +47,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from dpgrpo.arm_table import ARMS, arm_spec, arms_with_role
 from dpgrpo.config import RunConfig, apply_overrides
+from dpgrpo.config.arms import ARMS, arm_spec, arms_with_role
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
-from dpgrpo.rundir import RunDir, read_json_or_none
+from dpgrpo.rundir.layout import RunDir, read_json_or_none
 
 PRIMARY_ARMS = arms_with_role("primary")      # the arm table's roles, in its order
 LADDER_ARMS = arms_with_role("ladder")
@@ -299,7 +299,7 @@ def eval_complete(eval_dir: Path, n_eval: int) -> bool:
 
 def ensure_trained(spec: RunSpec) -> str:
     """Train the run, resume it, or leave a complete one: "trained", "resumed" or "complete"."""
-    from dpgrpo.trainer import train
+    from dpgrpo.training.trainer import train
 
     if release_complete(spec.run_dir, spec.config.train.steps):
         return "complete"
@@ -314,7 +314,7 @@ def evaluate(plan: ProtocolPlan, out_dir: Path, *, adapter: Path | None, arm: st
              seed: int | None) -> dict[str, Any]:
     """Greedy evaluation of the base or a release on the eval split; the same settings for all."""
     from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
-    from dpgrpo.run_setup import resolve_device
+    from dpgrpo.training.setup import resolve_device
 
     cfg, st = plan.config, plan.settings
     return run_eval(EvalSettings(
@@ -365,15 +365,15 @@ def run_protocol(plan: ProtocolPlan, *, progress: Callable[[str], None] | None =
 
     One protocol process per output folder: a second one gets RunLockedError naming the pid.
     """
-    from dpgrpo.runlock import RunLock
+    from dpgrpo.rundir.lock import RunLock
 
     with RunLock(plan.out_dir, what="protocol folder"):
         return _run_protocol(plan, progress)
 
 
 def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) -> ProtocolResult:
-    from dpgrpo.atomic import atomic_write_json
     from dpgrpo.reports.compare import run_compare
+    from dpgrpo.rundir.atomic import atomic_write_json
 
     say = progress or (lambda message: None)
     for spec in plan.runs:                       # refuse foreign run folders before any work

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dpgrpo.config.losses import LOSS_TYPES, REFUSED
 from dpgrpo.errors import ConfigError
-from dpgrpo.loss_table import LOSS_TYPES, REFUSED
 
 log = logging.getLogger(__name__)
 _UNSET = object()

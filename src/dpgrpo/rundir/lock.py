@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from dpgrpo.atomic import disk_full_guard
 from dpgrpo.errors import RunLockedError
+from dpgrpo.rundir.atomic import disk_full_guard
 
 LOCK_NAME = ".lock"
 

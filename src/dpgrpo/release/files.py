@@ -1,10 +1,10 @@
-"""Reading and publishing a run's release/ (light: no torch at import).
+"""A run's release/: its file names, and reading it back (light: no torch at import).
 
 ``release/dpgrpo_config.json`` holds dpgrpo's resolved public configuration. Releases written
 before 0.2 named it ``config.json``, which made ``AutoModelForCausalLM.from_pretrained(release)``
 mistake it for a model config; :func:`read_release_config` still reads them.
 
-:func:`push_release` uploads release/ (never recovery/) to the Hugging Face hub.
+Writing it is :mod:`dpgrpo.release.write`; publishing it, :mod:`dpgrpo.release.publish`.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dpgrpo.errors import ConfigError, DataError, ReleaseError
+from dpgrpo.errors import DataError, ReleaseError
 
 RELEASE_DIR = "release"  # RUN_DIR/release (the layout: rundir.RunDir)
 RELEASE_CONFIG = "dpgrpo_config.json"
 LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
-#: Everything release/ may hold (checkpoint.write_release refuses anything else).
+#: Everything release/ may hold (release.write.write_release refuses anything else).
 RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", RELEASE_CONFIG,
                            "certificate.json", "README.md"})
 
@@ -93,7 +93,7 @@ def read_certificate(release_dir: Path) -> dict[str, Any]:
 def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
     """Compare each release file with the sha256 the certificate recorded when it was
     written (``files_sha256``); a mismatch is a ReleaseError naming the file."""
-    from dpgrpo.atomic import sha256_file
+    from dpgrpo.rundir.atomic import sha256_file
 
     recorded = cert.get("files_sha256") or {}
     if not isinstance(recorded, dict):
@@ -106,52 +106,6 @@ def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
                                "--resume RUN_DIR")
 
 
-def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, Any]:
-    """The certificate of a release that may be published; refuses recovery/ and anything that
-    is not a complete release, and a certificate that says not releasable unless ``force``."""
-    if release_dir.name == "recovery" or any(
-            (release_dir / name).exists() for name in ("journal.jsonl", "journal-twin.jsonl")):
-        raise ReleaseError(f"{release_dir} is a recovery folder: it holds the hidden randomness "
-                           "and private training data; only release/ may be published")
-    stray = sorted(p.name for p in release_dir.iterdir() if p.name not in RELEASE_FILES)
-    if stray:
-        raise ReleaseError(f"{release_dir} holds files a release may not hold: {stray}")
-    for name in ("adapter_model.safetensors", "adapter_config.json", "certificate.json"):
-        if not (release_dir / name).is_file():
-            raise ReleaseError(f"{release_dir} is not a complete release (no {name})")
-    cert = read_certificate(release_dir)
-    verify_release_files(release_dir, cert)
-    if not cert.get("releasable") and not force:
-        raise ReleaseError(f"{release_dir}: the certificate says NOT releasable "
-                           f"({cert.get('not_releasable_because', 'no reason given')}); "
-                           "pass --force to publish it anyway")
-    return cert
-
-
-def push_release(path: str | Path, repo_id: str, *, private: bool = False, force: bool = False,
-                 revision: str | None = None, token: str | None = None,
-                 message: str | None = None) -> str:
-    """Upload a run's release/ (only the allow-listed release files) to the hub model repo
-    ``repo_id`` with huggingface_hub; return the commit URL."""
-    try:
-        from huggingface_hub import HfApi
-    except ImportError:
-        raise ConfigError("dpgrpo push needs huggingface_hub: "
-                          "pip install huggingface_hub") from None
-    release = release_dir_of(path)
-    if not release.is_dir():
-        raise ConfigError(f"{release} is not a directory")
-    cert = check_publishable(release, force=force)
-    api = HfApi(token=token)
-    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-    eps = cert.get("epsilon")
-    commit = api.upload_folder(
-        folder_path=str(release), repo_id=repo_id, repo_type="model", revision=revision,
-        allow_patterns=sorted(RELEASE_FILES),
-        commit_message=message or f"dpgrpo release (epsilon={eps}, delta={cert.get('delta')})")
-    return str(getattr(commit, "commit_url", commit))
-
-
-__all__ = ["LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_DIR", "RELEASE_FILES", "check_publishable",
-           "eval_defaults", "push_release", "read_release_config", "release_config_path",
-           "release_dir_of"]
+__all__ = ["LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_DIR", "RELEASE_FILES",
+           "eval_defaults", "read_certificate", "read_release_config", "release_config_path",
+           "release_dir_of", "verify_release_files"]

@@ -2,7 +2,7 @@
 
 Every arm shares sampling, clipping, noise, the q*n denominator and the accountant; only the
 per-record computation differs (Corollary 2). What each arm does is a row of the arm table
-(:data:`dpgrpo.arm_table.ARMS`): its objective, where its rollouts come from (the policy, the
+(:data:`dpgrpo.config.arms.ARMS`): its objective, where its rollouts come from (the policy, the
 public base, or none for gold SFT), its advantage mode, and whether it is private. This module
 reads those fields and never an arm's name.
 """
@@ -14,17 +14,21 @@ from typing import Any, Callable
 
 import torch
 
-from dpgrpo.arm_table import ArmSpec, arm_spec
 from dpgrpo.config import RunConfig, TrainConfig
+from dpgrpo.config.arms import ArmSpec, arm_spec
 from dpgrpo.errors import PrivacyError
-from dpgrpo.metrics import Laps
 from dpgrpo.objectives import Objective, TrainBatch
-from dpgrpo.objectives.grpo import GRPOObjective, build_grpo_batch, compute_advantages
-from dpgrpo.objectives.grpo import reference_logprobs
+from dpgrpo.objectives.grpo import (
+    GRPOObjective,
+    build_grpo_batch,
+    compute_advantages,
+    reference_logprobs,
+)
 from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_gold_sft_batch
 from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.rollout import RolloutEngine, make_engine
 from dpgrpo.rollout.batch import completion_ids
+from dpgrpo.training.metrics import Laps
 
 #: objective name of the arm table -> the objective, from the train table and the public cap
 OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
@@ -45,7 +49,7 @@ class Arm:
     train: TrainConfig          # G, temperature, beta, pass sizes (public)
     cap: int                    # the completion cap (public)
     new_engine: Callable[[], RolloutEngine] = field(repr=False)
-    laps: Laps = field(default_factory=Laps)  # public wall-clock per phase (dpgrpo.metrics)
+    laps: Laps = field(default_factory=Laps)  # public wall-clock per phase (dpgrpo.training.metrics)
     _engine: RolloutEngine | None = field(default=None, repr=False)
 
     @property

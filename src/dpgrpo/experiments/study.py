@@ -3,7 +3,7 @@
 ``dpgrpo study configs/cpu-study.toml --out runs/cpu-study`` runs, on the embedded arithmetic
 task and SmolLM2-135M:
 
-1. the protocol (:mod:`dpgrpo.protocol`): the public base, non-private GRPO, DP-GRPO and the
+1. the protocol (:mod:`dpgrpo.experiments.protocol`): the public base, non-private GRPO, DP-GRPO and the
    zero-advantage control at the same (n, q, sigma, T, C), each evaluated greedily on the eval
    split, with the comparison report (paired problem-cluster bootstrap, exact McNemar with
    Holm, MDE) and its figures;
@@ -11,7 +11,7 @@ task and SmolLM2-135M:
    the DIBA audit (with the classic baselines) of those members against as many held-out
    problems of the same split;
 3. with ``dp_leaky = true``, the same audit of the leaky recipe made private: its arm's
-   private twin (:func:`dpgrpo.arm_table.private_twin`) at the study's epsilon, sigma
+   private twin (:func:`dpgrpo.config.arms.private_twin`) at the study's epsilon, sigma
    calibrated, all else equal;
 4. the same audit of a DP-GRPO run on the same members at the study's epsilon, whose slot
    universe also holds canaries: their one-run epsilon lower bound is printed beside the
@@ -68,7 +68,7 @@ from typing import Any, Callable, Mapping, Sequence
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.privacy.planning import noise_to_signal
-from dpgrpo.runtime import PeakRSS
+from dpgrpo.training.runtime import PeakRSS
 
 Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
@@ -158,7 +158,7 @@ class Steps:
                "peak_rss_bytes": mem.peak, "start": round(start, 1), "pid": os.getpid()}
         self._rows.append(row)
         if self.record is not None:
-            from dpgrpo.checkpoint import atomic_write_json
+            from dpgrpo.rundir.checkpoint import atomic_write_json
 
             self.record.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(self.record, _best(self._rows))
@@ -190,9 +190,9 @@ def _overrides(table: Mapping[str, Any]) -> list[str]:
 
 def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Train (or resume, or skip when complete) one run; its certificate."""
-    from dpgrpo.protocol import check_run_dir, release_complete
-    from dpgrpo.rundir import RunDir
-    from dpgrpo.trainer import train
+    from dpgrpo.experiments.protocol import check_run_dir, release_complete
+    from dpgrpo.rundir.layout import RunDir
+    from dpgrpo.training.trainer import train
 
     check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
     if not release_complete(run_dir, config.train.steps):
@@ -241,7 +241,7 @@ def _permutation(out: Path, settings: StudySettings) -> dict[str, Any] | None:
     from dpgrpo.audit.features import DIBA_FEATURES
     from dpgrpo.audit.mia import permutation_test
     from dpgrpo.audit.report import permutation_sentence
-    from dpgrpo.checkpoint import atomic_write_json
+    from dpgrpo.rundir.checkpoint import atomic_write_json
 
     summary_path, table = out / "summary.json", out / "candidates.jsonl"
     if not (summary_path.exists() and table.exists()):
@@ -279,7 +279,7 @@ def _whitebox(cert: Mapping[str, Any], out: Path) -> dict[str, Any]:
     """The white-box mechanism audit (model-free, gradient canaries) at the DP-GRPO run's
     certificate: a check of the mechanism, which the canary and DIBA audits cannot be."""
     from dpgrpo.audit.mechanism_audit import audit_mechanism, setup_from_certificate
-    from dpgrpo.checkpoint import atomic_write_json
+    from dpgrpo.rundir.checkpoint import atomic_write_json
 
     if (out / "summary.json").exists():
         return json.loads((out / "summary.json").read_text())
@@ -306,7 +306,7 @@ def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str,
 def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
     """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
     and certificate, or the reason it was refused."""
-    from dpgrpo.protocol import eval_complete, evaluate
+    from dpgrpo.experiments.protocol import eval_complete, evaluate
 
     base = next(r for r in plan.runs if r.arm == "dp-grpo")
     cfg = apply_overrides(base.config, ["privacy.noise_multiplier=none", f"privacy.epsilon={eps}"])
@@ -357,7 +357,7 @@ class _Study:
              overrides: Mapping[str, Any] | None = None) -> "_Study":
         """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings (and
         ``seeds``: that many runs of every trained arm, private and non-private)."""
-        from dpgrpo.protocol import plan_protocol, protocol_settings
+        from dpgrpo.experiments.protocol import plan_protocol, protocol_settings
 
         config_path = Path(config_path).resolve()
         data = read_toml(config_path)
@@ -428,8 +428,8 @@ def _warm_start_train(st: _Study, steps: Steps) -> dict[str, Any]:
 
 def _warm_start_eval(st: _Study, steps: Steps) -> None:
     """Score the warm start alone on the eval split, as the arms are scored."""
-    from dpgrpo.protocol import eval_complete, evaluate
-    from dpgrpo.rundir import RunDir
+    from dpgrpo.experiments.protocol import eval_complete, evaluate
+    from dpgrpo.rundir.layout import RunDir
 
     run_dir = st.out / WARM_START
     if not eval_complete(run_dir / "eval", st.plan.n_eval):
@@ -441,7 +441,7 @@ def _warm_start_eval(st: _Study, steps: Steps) -> None:
 def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
     """The public warm start, trained and evaluated (None without one)."""
     from dpgrpo.model import adapter_digest
-    from dpgrpo.rundir import RunDir
+    from dpgrpo.rundir.layout import RunDir
 
     if not st.settings.warm_start:
         return None
@@ -490,7 +490,7 @@ def _private_steps(st: _Study, steps: Steps) -> tuple[dict[str, Any], ...]:
 
 def _arm_steps(st: _Study, steps: Steps, name: str) -> None:
     """Train and evaluate one run of the protocol, each phase a timed step."""
-    from dpgrpo.protocol import check_existing, run_one
+    from dpgrpo.experiments.protocol import check_existing, run_one
 
     spec = next(r for r in st.plan.runs if r.name == name)
     check_existing(spec)
@@ -498,7 +498,7 @@ def _arm_steps(st: _Study, steps: Steps, name: str) -> None:
 
 
 def _base_steps(st: _Study, steps: Steps) -> None:
-    from dpgrpo.protocol import BASE_ARM, eval_complete, evaluate
+    from dpgrpo.experiments.protocol import BASE_ARM, eval_complete, evaluate
 
     if not eval_complete(st.plan.base_dir, st.plan.n_eval):
         steps.run("base: evaluate", lambda: evaluate(st.plan, st.plan.base_dir, adapter=None,
@@ -590,9 +590,9 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     ``study.dp_leaky`` and both ``protocol.seeds`` and ``protocol.non_private_seeds``;
     ``verbose`` lets worker processes print their progress to standard error.
     """
-    from dpgrpo.protocol import run_protocol
+    from dpgrpo.experiments.protocol import run_protocol
     from dpgrpo.reports.study import write_results
-    from dpgrpo.runlock import RunLock
+    from dpgrpo.rundir.lock import RunLock
 
     overrides = {k: v for k, v in (("workers", workers), ("dp_leaky", dp_leaky),
                                    ("seeds", seeds)) if v is not None}
@@ -643,7 +643,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
 
 def private_twin(leaky: RunConfig) -> RunConfig:
     """The leaky run's config with its arm made private (sigma calibrated to the epsilon)."""
-    from dpgrpo.arm_table import private_twin as twin_of
+    from dpgrpo.config.arms import private_twin as twin_of
 
     try:
         twin = twin_of(leaky.train.arm)

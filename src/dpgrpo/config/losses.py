@@ -2,7 +2,7 @@
 other GRPO trainers offer that cannot hold under prompt-level DP, each with its reason.
 
 Read by the config (validation), the objective (:class:`dpgrpo.objectives.grpo.GRPOObjective`)
-and :func:`dpgrpo.trl_options.from_trl_config`. Torch-free, so the config can import it.
+and :func:`dpgrpo.config.trl.from_trl_config`. Torch-free, so the config can import it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The one table of training arms: what each arm is, read by every part that needs to know.
 
-Config validation (:mod:`dpgrpo.config`), the arm builder (:func:`dpgrpo.arms.make_arm`), the
-protocol (:mod:`dpgrpo.protocol`) and the certificate (:func:`dpgrpo.run_setup.certificate`) all
-read :data:`ARMS`; none of them tests an arm's name. Every arm shares sampling, clipping, noise,
-the q*n denominator and the accountant; only the per-record computation differs (Corollary 2).
+Config validation (:mod:`dpgrpo.config`), the arm builder
+(:func:`dpgrpo.training.arms.make_arm`), the protocol (:mod:`dpgrpo.experiments.protocol`) and
+the certificate (:func:`dpgrpo.release.certificate.certificate`) all read :data:`ARMS`; none
+of them tests an arm's name. Every arm shares sampling, clipping, noise, the q*n denominator and
+the accountant; only the per-record computation differs (Corollary 2).
 Torch-free, so the config can import it.
 """
 

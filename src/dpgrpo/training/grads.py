@@ -48,7 +48,7 @@ from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.model import frozen_adapter_names
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import prompt_row_chunks
-from dpgrpo.runtime import release_free_memory
+from dpgrpo.training.runtime import release_free_memory
 
 PerPromptGrads = dict[str, torch.Tensor]   # name -> (B, *param.shape)
 
