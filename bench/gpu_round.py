@@ -313,7 +313,7 @@ def main() -> None:
         model, GRPOObjective(beta=0.04), batch, method=args.grad_method, rows_per_pass=rows))
     update = phases.run("mechanism", lambda: privatize(
         grads, clip_norm=args.clip, noise_multiplier=args.sigma,
-        expected_batch=float(args.prompts), noise=NoiseSource(device=args.device)).update)
+        expected_batch=float(args.prompts), noise=NoiseSource()).update)
 
     def step() -> None:
         for name, p in params.items():

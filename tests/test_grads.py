@@ -121,7 +121,7 @@ def test_rows_per_pass_and_dispatch(policy, tok):
     one = per_prompt_grads_fast(policy, GRPOObjective(), batch)
     split = per_prompt_grads_fast(policy, GRPOObjective(), batch, rows_per_pass=2)
     assert _max_abs(one, split) <= 1e-12
-    via = per_prompt_grads(policy, GRPOObjective(), batch, method="reference", chunk_size=2)
+    via = per_prompt_grads(policy, GRPOObjective(), batch, method="reference", rows_per_pass=2)
     assert _max_abs(one, via) <= 1e-12
     with pytest.raises(ConfigError):
         per_prompt_grads(policy, GRPOObjective(), batch, method="per-sample")
@@ -134,7 +134,7 @@ def test_rollout_chunked_backward_identity(policy, tok, chunk):
     obj = GRPOObjective()
     for i in range(2):
         loss_full, grad_full = prompt_gradient(policy, obj, batch, i)
-        loss_chunk, grad_chunk = prompt_gradient(policy, obj, batch, i, chunk_size=chunk)
+        loss_chunk, grad_chunk = prompt_gradient(policy, obj, batch, i, rows_per_pass=chunk)
         torch.testing.assert_close(loss_chunk, loss_full, rtol=1e-6, atol=1e-7)
         for name in grad_full:
             torch.testing.assert_close(grad_chunk[name], grad_full[name], rtol=1e-10,

@@ -35,13 +35,12 @@ def test_output_and_json_flags_agree_across_commands():
                  ["rescore"], ["score"], ["data", "summary"], ["privacy", "epsilon"],
                  ["audit", "mechanism"]):
         assert _options(path).get("--json") is False, path
-    assert _options(["train"])["--output-dir"] is True  # old spellings: hidden aliases
-    assert _options(["protocol"])["--config"] is True
-    help_text = CliRunner().invoke(app, ["train", "--help"]).stdout
-    assert "--output-dir" not in help_text and "--out" in help_text
+    # the spellings of 0.1 are gone (CHANGELOG.md), not hidden
+    assert "--output-dir" not in _options(["train"]) and "--config" not in _options(["protocol"])
+    assert "--replace-one" not in _options(["privacy", "convert"])
 
 
-def test_verify_json_prints_and_old_file_spelling_writes(tmp_path, monkeypatch):
+def test_verify_json_prints_and_out_writes_the_record(tmp_path, monkeypatch):
     from dpgrpo import verify
 
     class Check:
@@ -55,7 +54,7 @@ def test_verify_json_prints_and_old_file_spelling_writes(tmp_path, monkeypatch):
     assert new.exit_code == 0 and json.loads(new.stdout)["passed"] is True
     assert json.loads((tmp_path / "a.json").read_text())["checks"] == [{"check": "c", "passed": True}]
     old = CliRunner().invoke(app, ["verify", "--json", str(tmp_path / "b.json")])
-    assert old.exit_code == 0 and json.loads((tmp_path / "b.json").read_text())["passed"]
+    assert old.exit_code != 0 and not (tmp_path / "b.json").exists()  # 0.1's spelling: gone
 
 
 def test_bad_task_or_model_fails_before_the_run_directory(tmp_path):

@@ -66,6 +66,6 @@ def test_protocol_command_runs_resumes_and_reports(tiny_protocol_toml: Path, tmp
     assert again.exit_code == 0, again.output
     assert again.stderr.count("complete, skipped") == 3
 
-    unknown = _invoke("protocol", "--config", str(cfg), "--arms", "dp-grpo,sft", "--out", str(out))
+    unknown = _invoke("protocol", str(cfg), "--arms", "dp-grpo,sft", "--out", str(out))
     assert isinstance(unknown.exception, ConfigError) and "unknown protocol arm 'sft'" in str(
         unknown.exception)

@@ -107,7 +107,7 @@ def test_losses_match_a_hand_computation(fresh, tok):
                                                             dtype=torch.float64),
                                    rtol=0, atol=1e-12, msg=obj.loss_type)
         for i in range(2):  # the same value whichever rows a pass holds
-            loss, _ = prompt_gradient(fresh, obj, batch, i, chunk_size=1)
+            loss, _ = prompt_gradient(fresh, obj, batch, i, rows_per_pass=1)
             torch.testing.assert_close(loss, per_prompt[i], rtol=0, atol=1e-12)
 
 

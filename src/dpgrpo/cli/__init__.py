@@ -6,8 +6,8 @@ exit status here, in one place.
 
 One grammar across commands: a command's config file is its positional argument; ``-o/--out``
 names the output (a folder, or the file of commands that write one file); ``--json`` prints one
-JSON object on stdout. Older spellings (``train --output-dir``, ``protocol --config``,
-``verify --json FILE``) remain as hidden aliases.
+JSON object on stdout. (The spellings of 0.1, ``train --output-dir``, ``protocol --config``,
+``verify --json FILE`` and ``privacy convert --replace-one``, were dropped in 0.2: CHANGELOG.md.)
 """
 
 from __future__ import annotations

@@ -154,8 +154,6 @@ def convert_cmd(
                                                  "swapped together (k)."),
     relation: str = typer.Option("add-or-remove-one", "--relation",
                                  help="add-or-remove-one or replace-one (one prompt swapped)."),
-    replace_one: bool = typer.Option(False, "--replace-one", hidden=True,
-                                     help="Same as --relation replace-one."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Guarantee for one prompt swapped (replace-one) or a person's k prompts, at the same delta.
@@ -164,7 +162,6 @@ def convert_cmd(
 
     --epsilon/--delta alone: generic conversion (Proposition 1, Corollary 1).
     """
-    relation = "replace-one" if replace_one else relation
     mechanism = (n, expected_batch, steps, sigma)
     if sum([bool(ledgers), any(v is not None for v in mechanism), epsilon is not None]) != 1:
         raise PrivacyBudgetError("give exactly one of --ledger, --n/--expected-batch/--steps/"

@@ -17,8 +17,6 @@ def protocol_cmd(
     config: Optional[Path] = typer.Argument(
         None, help="Benchmark TOML (as `dpgrpo train` takes it, plus an optional \\[protocol] "
                    "table); default: the embedded CPU demo."),
-    config_option: Optional[Path] = typer.Option(None, "--config", "-c", hidden=True,
-                                                 help="Old spelling of the CONFIG argument."),
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per private arm (default 2)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Output folder (default runs/protocol-<task>)."),
@@ -47,12 +45,9 @@ def protocol_cmd(
 ) -> None:
     """Train every arm per seed, evaluate each the same way, compare with the base; resumable."""
     from dpgrpo.config import load_protocol_config
-    from dpgrpo.errors import ConfigError
     from dpgrpo.experiments.protocol import plan_protocol, protocol_settings, run_protocol
 
-    if config is not None and config_option is not None:
-        raise ConfigError("give the config once (positional CONFIG)")
-    cfg, table = load_protocol_config(config or config_option, overrides)
+    cfg, table = load_protocol_config(config, overrides)
     arm_list = [a.strip() for value in arms or [] for a in value.split(",") if a.strip()]
     settings = protocol_settings(
         table, seeds=seeds, arms=arm_list or None, ladder=ladder, non_private=non_private,

@@ -15,8 +15,6 @@ def train_cmd(
     overrides: list[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Run directory (default runs/<arm>-<time>)."),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", hidden=True,
-                                              help="Old spelling of --out."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in RUN_DIR."),
     arm: Optional[str] = typer.Option(None, "--arm", help="Shortcut for --set train.arm=..."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Shortcut for --set train.steps=..."),
@@ -58,7 +56,7 @@ def train_cmd(
                else apply_overrides(embedded_default(), extra))
         _check_inputs(cfg)  # a bad task or model fails here, before any directory exists
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = out or output_dir or Path("runs") / f"{cfg.train.arm}-{stamp}"
+        run_dir = out or Path("runs") / f"{cfg.train.arm}-{stamp}"
         typer.echo(f"run directory: {run_dir}", err=True)
     total = cfg.train.steps if cfg is not None else None
     if show_private:

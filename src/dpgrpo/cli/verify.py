@@ -10,8 +10,6 @@ import typer
 
 
 def verify_cmd(
-    legacy_path: Optional[Path] = typer.Argument(None, hidden=True,
-                                                 help="Old spelling: --json FILE."),
     group: str = typer.Option("all", "--group", help="mechanism, model or all."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
                                        help="Write the machine-readable record to this file."),
@@ -25,10 +23,9 @@ def verify_cmd(
     results = run_checks(groups)
     record = {"dpgrpo_version": __version__, "checks": [r.to_dict() for r in results],
               "passed": bool(results) and all(r.passed for r in results)}
-    for path in (out, legacy_path):  # `--json FILE` (old spelling) still writes FILE
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record, indent=2))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2))
     if as_json:
         typer.echo(json.dumps(record))
     else:

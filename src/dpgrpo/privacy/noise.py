@@ -173,15 +173,13 @@ class NoiseSource:
     Args:
         seed: ``None`` (default) for a fresh OS-entropy key every round (releasable); an
             integer for the reproducible debugging stream (never releasable).
-        device: kept for compatibility; noise is always made on the CPU and the caller moves it.
         entropy: the key source in secure mode (default :func:`read_entropy`); tests and
             ``dpgrpo verify`` pass a recorder to count and inspect the bits read.
     """
 
-    def __init__(self, *, seed: int | None = None, device: str | torch.device = "cpu",
+    def __init__(self, *, seed: int | None = None,
                  entropy: Callable[[int], bytes] | None = None) -> None:
         self.seed = seed
-        self.device = torch.device(device)
         self._entropy = entropy
         self._round = 0          # seeded mode: index of the next round's key
         self._stream: _Stream | None = None

@@ -119,21 +119,21 @@ def _device(model: torch.nn.Module) -> torch.device:
 
 
 def prompt_gradient(model: torch.nn.Module, objective: Objective, batch: TrainBatch,
-                    prompt: int, *, chunk_size: int | None = None
+                    prompt: int, *, rows_per_pass: int | None = None
                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Loss and gradient of one prompt (Eq. 7), its rows processed ``chunk_size`` at a time.
+    """Loss and gradient of one prompt (Eq. 7), its rows processed ``rows_per_pass`` at a time.
 
     Returns the detached scalar loss and name -> (*param.shape) gradients, accumulated over
     all chunks (clipping, if any, comes after this).
     """
-    if chunk_size is not None and chunk_size < 1:
-        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
+    if rows_per_pass is not None and rows_per_pass < 1:
+        raise ConfigError(f"rows per pass must be >= 1, got {rows_per_pass}")
     params = trainable_parameters(model)
     r = batch.rows_per_prompt
     grads = {n: torch.zeros(p.shape, dtype=_acc_dtype(p), device=p.device)
              for n, p in params.items()}
     total: torch.Tensor | None = None
-    for rows in prompt_row_chunks(r, r, chunk_size):
+    for rows in prompt_row_chunks(r, r, rows_per_pass):
         rows = slice(prompt * r + rows.start, prompt * r + rows.stop)
         loss = _weighted_loss(objective, model, batch, rows)
         total = loss.detach() if total is None else total + loss.detach()
@@ -158,7 +158,7 @@ def per_prompt_grads_reference(model: torch.nn.Module, objective: Objective,
     with PromptDropout(dropout_seeds, batch.num_prompts, _device(model)).scope() as masks:
         for i in range(batch.num_prompts):
             masks.bind(i)
-            _, grads = prompt_gradient(model, objective, batch, i, chunk_size=rows_per_pass)
+            _, grads = prompt_gradient(model, objective, batch, i, rows_per_pass=rows_per_pass)
             for name, g in grads.items():
                 out[name][i] = g
             release_free_memory()         # each prompt starts from the same RSS (runtime.py)
@@ -381,11 +381,10 @@ def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: T
 
 def per_prompt_grads(model: torch.nn.Module, objective: Objective, batch: TrainBatch, *,
                      method: str = "fast", rows_per_pass: int | None = None,
-                     chunk_size: int | None = None,
                      dropout_seeds: Sequence[int] | None = None) -> PerPromptGrads:
-    """Dispatch to the ``fast`` path or the ``reference`` loop (``chunk_size``: old name of
-    ``rows_per_pass``); ``dropout_seeds``: one per prompt (:class:`PromptDropout`)."""
-    rows = rows_per_pass if rows_per_pass is not None else chunk_size
+    """Dispatch to the ``fast`` path or the ``reference`` loop, ``rows_per_pass`` rows of one
+    prompt per pass; ``dropout_seeds``: one per prompt (:class:`PromptDropout`)."""
+    rows = rows_per_pass
     if rows is not None and rows < 1:
         raise ConfigError(f"rows per pass must be >= 1, got {rows}")
     if method == "fast":

@@ -41,7 +41,7 @@ def _grads(rewards: torch.Tensor, method: str = "fast", chunk_size: int | None =
     if rollouts is not default_rollouts:
         ref = reference_logprobs(model, rollouts)
     batch = build_grpo_batch(rollouts, rewards, group_advantages(rewards), ref)
-    return per_prompt_grads(model, GRPOObjective(), batch, method=method, chunk_size=chunk_size)
+    return per_prompt_grads(model, GRPOObjective(), batch, method=method, rows_per_pass=chunk_size)
 
 
 def _max_rel(a: dict, b: dict) -> float:
