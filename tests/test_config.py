@@ -57,8 +57,11 @@ def test_paper_presets_load():
     from pathlib import Path
 
     configs = Path(__file__).resolve().parents[1] / "configs"
-    for name in ("math.toml", "gsm8k.toml", "csqa.toml", "cpu-demo.toml"):
-        cfg = load_config(configs / name)
+    from dpgrpo.config.schema import EMBEDDED_DEFAULT
+
+    for path in (configs / "math.toml", configs / "gsm8k.toml", configs / "csqa.toml",
+                 EMBEDDED_DEFAULT):
+        cfg = load_config(path)
         assert cfg.train.arm == "dp-grpo"
     math_cfg = load_config(configs / "math.toml")
     assert (math_cfg.train.steps, math_cfg.privacy.expected_batch, math_cfg.train.group_size) == (50, 128, 8)

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
-from dpgrpo.training.distributed import DistContext, init_from_env, privatize_across_ranks, shard
+from dpgrpo.training.distributed import DistContext, across_ranks, init_from_env, shard
 
 
 def _free_port() -> int:
@@ -39,8 +39,8 @@ def _mechanism_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     ctx = init_from_env()
     grads = _records(rank)
     for sigma in (0.0, 1.5):
-        up = privatize_across_ranks(grads, clip_norm=0.9, noise_multiplier=sigma, expected_batch=5.0,
-                                    noise=NoiseSource(seed=42), ctx=ctx)
+        up = privatize(grads, clip_norm=0.9, noise_multiplier=sigma, expected_batch=5.0,
+                       noise=NoiseSource(seed=42), reduce=across_ranks(ctx))
         torch.save({"update": up.update, "records": up.num_records},
                    os.path.join(out_dir, f"mech-{sigma}-{rank}.pt"))
     torch.distributed.destroy_process_group()
@@ -141,8 +141,8 @@ def test_one_process_transport_is_the_mechanism_and_guards_the_denominator():
     grads = _records(3)
     ctx = DistContext()
     for sigma in (0.0, 1.5):
-        here = privatize_across_ranks(grads, clip_norm=0.9, noise_multiplier=sigma,
-                                      expected_batch=5.0, noise=NoiseSource(seed=7), ctx=ctx)
+        here = privatize(grads, clip_norm=0.9, noise_multiplier=sigma, expected_batch=5.0,
+                         noise=NoiseSource(seed=7), reduce=across_ranks(ctx))
         ref = privatize(grads, clip_norm=0.9, noise_multiplier=sigma, expected_batch=5.0,
                         noise=NoiseSource(seed=7))
         assert (here.num_records, here.num_clipped) == (ref.num_records, ref.num_clipped) == (3, 3)
@@ -152,8 +152,8 @@ def test_one_process_transport_is_the_mechanism_and_guards_the_denominator():
 
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(PrivacyError, match="q\\*n"):
-            privatize_across_ranks(grads, clip_norm=0.9, noise_multiplier=1.0,
-                                   expected_batch=bad, noise=NoiseSource(seed=7), ctx=ctx)
+            privatize(grads, clip_norm=0.9, noise_multiplier=1.0, expected_batch=bad,
+                      noise=NoiseSource(seed=7), reduce=across_ranks(ctx))
 
 
 def test_distributed_transport_reuses_the_mechanism_halves():
@@ -163,6 +163,7 @@ def test_distributed_transport_reuses_the_mechanism_halves():
     import dpgrpo.training.distributed as dist_mod
 
     src = inspect.getsource(dist_mod)
-    for name in ("add_gaussian_noise", "clip_per_record", "/ expected_batch", "normal("):
+    for name in ("add_gaussian_noise", "clip_per_record", "/ expected_batch", "normal(",
+                 "noise_and_scale", "clip_sum_count", "start_round"):
         assert name not in src
-    assert "clip_sum_count" in src and "noise_and_scale" in src
+    assert "all_reduce" in src and "broadcast" in src  # a transport, nothing more

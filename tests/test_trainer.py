@@ -142,7 +142,7 @@ def test_nonfinite_update_skips_step_but_is_charged(tiny_model_dir, tmp_path, mo
         update = {k: torch.full(v.shape[1:], float("nan")) for k, v in grads.items()}
         return PrivatizedUpdate(update, 0, 0, 0)
 
-    monkeypatch.setattr(trainer, "privatize_across_ranks", poisoned)
+    monkeypatch.setattr(trainer, "privatize", poisoned)
     result = train(tiny_config(tiny_model_dir, "train.steps=2"), tmp_path / "run")
     assert result.steps_skipped == 2 and result.certificate["rounds_charged"] == 2
     lora_b = [v for k, v in _adapter(tmp_path / "run").items() if "lora_B" in k]

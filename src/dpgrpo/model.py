@@ -20,17 +20,14 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from dpgrpo.config import LORA_TRAIN
+from dpgrpo.config import ModelConfig
 from dpgrpo.errors import ConfigError
-
-if TYPE_CHECKING:
-    from dpgrpo.config import ModelConfig
 
 # PEFT asks transformers for `is_gradient_checkpointing`, which transformers 5 deprecates; the
 # warning says nothing actionable to a dpgrpo user.
@@ -59,44 +56,35 @@ HUB_IDS: dict[str, str] = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"
 #: name -> (model, tokenizer) handed over in memory (:func:`register_model`).
 _OBJECTS: dict[str, tuple[Any, Any]] = {}
 
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                          "down_proj")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float64": torch.float64}
 
 
+_DEFAULT = ModelConfig()  # the one source of the adapter's defaults and checks
+
+
 @dataclass(frozen=True)
 class LoraSettings:
-    """Rank-4 LoRA on the seven attention and MLP projections (paper, Appendix C-A)."""
+    """The adapter of a ``[model]`` table under short names (rank 4 on the seven attention and
+    MLP projections by default: paper, Appendix C-A). Defaults and checks are
+    :class:`~dpgrpo.config.ModelConfig`'s: building one validates it as that config would."""
 
-    rank: int = 4
-    alpha: float = 8
-    dropout: float = 0.05
-    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
-    layers: tuple[int, ...] | None = None   # decoder layers to adapt (negative: from the end)
-    train: str = "all"                      # config.LORA_TRAIN: which adapter weights train
-    bias: bool = False                      # lora_B has a bias (PEFT's lora_bias)
-    init_adapter: str | None = None         # public adapter folder to start from
-    init_keep: str = "all"                  # config.INIT_KEEP: "all" or "A" (lora_B zeroed)
+    rank: int = _DEFAULT.lora_rank
+    alpha: float = _DEFAULT.lora_alpha
+    dropout: float = _DEFAULT.lora_dropout
+    target_modules: tuple[str, ...] = _DEFAULT.target_modules
+    layers: tuple[int, ...] | None = _DEFAULT.lora_layers  # negative: from the end
+    train: str = _DEFAULT.lora_train            # config.LORA_TRAIN: which weights train
+    bias: bool = _DEFAULT.lora_bias             # lora_B has a bias (PEFT's lora_bias)
+    init_adapter: str | None = _DEFAULT.init_adapter  # public adapter folder to start from
+    init_keep: str = _DEFAULT.init_adapter_keep  # config.INIT_KEEP: "all" or "A"
 
     def __post_init__(self) -> None:
-        if self.train not in LORA_TRAIN:
-            raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
-                              f"not {self.train!r}")
-        if self.train == "bias" and not self.bias:
-            raise ConfigError("model.lora_train = 'bias' needs model.lora_bias = true")
-        if not isinstance(self.rank, int) or self.rank < 1:
-            raise ConfigError(f"model.lora_rank must be a positive integer, got {self.rank!r}")
-        if not self.alpha > 0:
-            raise ConfigError(f"model.lora_alpha must be positive, got {self.alpha!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.lora_dropout must be in [0, 1), got {self.dropout!r}")
-        modules = tuple(self.target_modules)
-        if not modules or not all(isinstance(m, str) and m for m in modules):
-            raise ConfigError("model.target_modules must be a non-empty list of module names")
-        if len(set(modules)) != len(modules):
-            raise ConfigError(f"model.target_modules has duplicates: {list(modules)}")
-        object.__setattr__(self, "target_modules", modules)
+        checked = replace(_DEFAULT, lora_rank=self.rank, lora_alpha=self.alpha,
+                          lora_dropout=self.dropout, target_modules=self.target_modules,
+                          lora_layers=self.layers, lora_train=self.train, lora_bias=self.bias,
+                          init_adapter=self.init_adapter, init_adapter_keep=self.init_keep)
+        object.__setattr__(self, "target_modules", checked.target_modules)
 
     @classmethod
     def from_config(cls, model: ModelConfig) -> LoraSettings:

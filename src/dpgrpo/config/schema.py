@@ -9,6 +9,7 @@ Algorithm 1 is here and must be chosen without looking at the private data (assu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 import types
 import typing
@@ -84,8 +85,15 @@ class ModelConfig:
                               "set model.lora_bias = true too")
         if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
             raise ConfigError(f"model.dtype must be float32, bfloat16, float16 or float64, not {self.dtype!r}")
-        if self.lora_rank < 1:
-            raise ConfigError(f"model.lora_rank must be >= 1, got {self.lora_rank}")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) \
+                or self.lora_rank < 1:
+            raise ConfigError(f"model.lora_rank must be an integer >= 1, got {self.lora_rank!r}")
+        modules = tuple(self.target_modules)
+        if not modules or not all(isinstance(m, str) and m for m in modules):
+            raise ConfigError("model.target_modules must be a non-empty list of module names")
+        if len(set(modules)) != len(modules):
+            raise ConfigError(f"model.target_modules has duplicates: {list(modules)}")
+        object.__setattr__(self, "target_modules", modules)
 
 
 @dataclass(frozen=True)
@@ -480,16 +488,16 @@ def to_toml(config: RunConfig) -> str:
     return "\n".join(lines)
 
 
+#: the laptop demo behind a bare ``dpgrpo train``, shipped inside the package
+EMBEDDED_DEFAULT = Path(__file__).with_name("cpu-demo.toml")
+
+
+@functools.cache
 def embedded_default() -> RunConfig:
-    """The laptop demo behind a bare ``dpgrpo train``: SmolLM2-135M on the embedded arithmetic
-    task at epsilon = 8, with small m, G and T so it finishes in minutes on 2 CPU cores."""
-    return RunConfig(
-        model=ModelConfig(name="smollm2-135m", dtype="float32", device="auto"),
-        data=DataConfig(task="arithmetic", split="train"),
-        privacy=PrivacyConfig(epsilon=8.0, expected_batch=2.0, clip_norm=0.055),
-        train=TrainConfig(arm="dp-grpo", steps=12, group_size=4, max_new_tokens=96,
-                          checkpoint_every=4),
-    )
+    """The laptop demo behind a bare ``dpgrpo train`` (:data:`EMBEDDED_DEFAULT`): SmolLM2-135M
+    on the embedded arithmetic task at epsilon = 8, with small m, G and T so it finishes in
+    minutes on 2 CPU cores."""
+    return load_config(EMBEDDED_DEFAULT)
 
 
 def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()

@@ -25,6 +25,7 @@ from dpgrpo.evaluation.predictions import (
     write_summary,
 )
 from dpgrpo.tasks import DEFAULT_CHECK_TIMEOUT_S, Problem, get_task, load_problems
+from dpgrpo.tasks.base import completion_cap
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
                              skip_invalid=settings.skip_invalid, source=settings.source)
     split_ids = {p.id: i for i, p in enumerate(problems)}  # id -> doc_id (split order)
     problems = problems[:settings.limit] if settings.limit else problems
-    cap = settings.max_new_tokens or task.default_max_new_tokens
+    cap = completion_cap(task, settings.max_new_tokens)
     identity = {"task": task.name, "model": settings.model,
                 "adapter": str(settings.adapter) if settings.adapter else None,
                 "max_new_tokens": cap}

@@ -9,7 +9,7 @@ from ``privacy.epsilon``) and pinned as ``privacy.noise_multiplier`` in every pr
 Seed k is a distinct run (``runs/<arm>-seed<k>``), recorded as ``seed`` in its eval summary.
 It is NOT the privacy seed: coins, rollouts, noise and the LoRA initialization stay on OS
 entropy unless the config sets the debugging ``privacy.seed`` (runs are then not releasable;
-seed k uses ``privacy.seed + 16 (k - 1)``).
+seed k uses :func:`dpgrpo.privacy.seeds.run_seed`).
 
 Settings (:class:`ProtocolSettings`) come from CLI options, else from an optional
 ``[protocol]`` table of the TOML config (stripped before the RunConfig is built), else from
@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping, Sequence
 from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import ARMS, arm_spec, arms_with_role
 from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.privacy.seeds import run_seed
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
 from dpgrpo.rundir.layout import RunDir, read_json_or_none
@@ -63,7 +64,6 @@ DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
     "filtered-sft": {"train.learning_rate": 5e-6, "privacy.clip_norm": SFT_CLIP_NORM},
     "gold-sft": {"train.learning_rate": 2e-5, "privacy.clip_norm": SFT_CLIP_NORM},
 }
-SEED_STRIDE = 16  # debugging seeds of seed k: privacy.seed + 16 (k - 1) (run_setup uses +0..+3)
 
 
 @dataclass(frozen=True)
@@ -213,9 +213,7 @@ def arm_config(config: RunConfig, arm: str, seed: int, sigma: float,
     """The RunConfig of ``arm``'s seed-``seed`` run: the arm, the shared sigma (None for the
     non-private arm), the debugging seed if the config has one, then the recipe overrides."""
     private = arm_spec(arm).private
-    seed_value = config.privacy.seed
-    if seed_value is not None:
-        seed_value += SEED_STRIDE * (seed - 1)
+    seed_value = run_seed(config.privacy.seed, seed)
     cfg = replace(config, train=replace(config.train, arm=arm),
                   privacy=replace(config.privacy, noise_multiplier=sigma if private else None,
                                   seed=seed_value))

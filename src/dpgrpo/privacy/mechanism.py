@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Mapping, Protocol, Union
 
 import torch
 
@@ -149,8 +149,8 @@ def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, cl
 class ClippedSum:
     """Lines 7-8 before the noise: the fp64 sum of clipped records and its private counts.
 
-    This is what data-parallel ranks all-reduce (:mod:`dpgrpo.training.distributed`): clipping happened
-    per record before any reduction, so the sensitivity of the reduced total is still C.
+    This is what data-parallel ranks all-reduce (:class:`Reduce`): clipping happened per record
+    before any reduction, so the sensitivity of the reduced total is still C.
     """
 
     total: torch.Tensor | Grads
@@ -215,9 +215,43 @@ def noise_and_scale(total: torch.Tensor | Grads, *, clip_norm: float, noise_mult
     return scaled if isinstance(noisy, dict) else scaled[_SINGLE]
 
 
+class Reduce(Protocol):
+    """The transport between the mechanism's two halves, for records spread over processes.
+
+    ``total`` combines every process's :class:`ClippedSum` (clipping happened per record
+    before, so the reduced total still has sensitivity C); only the process where
+    ``adds_noise`` is true noises and scales it, exactly once; ``share`` gives its update to
+    every process. :data:`LOCAL` is the one-process transport;
+    :func:`dpgrpo.training.distributed.across_ranks` the torch.distributed one.
+    """
+
+    adds_noise: bool
+
+    def total(self, part: ClippedSum) -> ClippedSum: ...
+
+    def share(self, update: Grads) -> Grads: ...
+
+
+class _Local:
+    """One process holds every record: the identity transport."""
+
+    adds_noise = True
+
+    def total(self, part: ClippedSum) -> ClippedSum:
+        return part
+
+    def share(self, update: Grads) -> Grads:
+        return update
+
+
+LOCAL: Reduce = _Local()
+
+
 def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: float,
-              expected_batch: float, noise: NoiseSource) -> PrivatizedUpdate:
-    """One round of the mechanism: :func:`clip_sum_count`, then :func:`noise_and_scale`.
+              expected_batch: float, noise: NoiseSource, reduce: Reduce = LOCAL
+              ) -> PrivatizedUpdate:
+    """One round of the mechanism: :func:`clip_sum_count`, the transport ``reduce``, then
+    :func:`noise_and_scale` on one process.
 
     Args:
         grads: per-prompt gradients with a leading record axis (possibly of size 0).
@@ -225,10 +259,18 @@ def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: floa
         noise_multiplier: sigma (0 for non-private reference runs).
         expected_batch: the public q * n. Never pass the realized batch size: it depends on the
             data through the sampled presence bits and would void the analysis (Appendix A-G).
-        noise: the round's noise source; :meth:`NoiseSource.start_round` is called here.
+        noise: the round's noise source; :meth:`NoiseSource.start_round` is called here, on the
+            process that adds the noise.
+        reduce: where the other records are (:class:`Reduce`; default: all here).
     """
-    check_expected_batch(expected_batch)
-    part = clip_sum_count(grads, clip_norm)
-    update = noise_and_scale(part.total, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                             expected_batch=expected_batch, noise=noise)
+    check_expected_batch(expected_batch)                         # on every process, before work
+    part = reduce.total(clip_sum_count(grads, clip_norm))
+    if reduce.adds_noise:                                        # noise exactly once
+        update = noise_and_scale(part.total, clip_norm=clip_norm,
+                                 noise_multiplier=noise_multiplier,
+                                 expected_batch=expected_batch, noise=noise)
+    else:
+        total = part.total if isinstance(part.total, dict) else {_SINGLE: part.total}
+        update = {k: torch.empty_like(v) for k, v in total.items()}
+    update = reduce.share(update) if isinstance(update, dict) else update
     return PrivatizedUpdate(update, part.num_records, part.num_nonfinite, part.num_clipped)

@@ -118,6 +118,12 @@ class Task(Protocol):
     def gold_target(self, problem: Problem) -> str: ...
 
 
+def completion_cap(task: Task, max_new_tokens: int | None) -> int:
+    """The completion cap of a run or an evaluation: ``max_new_tokens`` when set, else the
+    task's default (public either way)."""
+    return max_new_tokens or task.default_max_new_tokens
+
+
 @dataclass(frozen=True)
 class VerifiedTask:
     """A concrete :class:`Task` assembled from a template, registered scorers and loaders.

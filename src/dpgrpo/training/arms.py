@@ -28,6 +28,7 @@ from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_
 from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.rollout import RolloutEngine, make_engine
 from dpgrpo.rollout.batch import completion_ids
+from dpgrpo.tasks.base import completion_cap
 from dpgrpo.training.metrics import Laps
 
 #: objective name of the arm table -> the objective, from the train table and the public cap
@@ -140,7 +141,7 @@ def make_arm(config: RunConfig, policy: Any, task: Any) -> Arm:
     """The arm named by ``train.arm``, over ``policy`` (model and tokenizer) and ``task`` (its
     default completion cap when ``train.max_new_tokens`` is not set)."""
     spec, train = arm_spec(config.train.arm), config.train
-    cap = train.max_new_tokens or task.default_max_new_tokens
+    cap = completion_cap(task, train.max_new_tokens)
 
     def new_engine() -> RolloutEngine:
         return make_engine(train.rollout_engine, policy.model, policy.tokenizer,

@@ -22,13 +22,7 @@ from typing import Sequence, TypeVar
 
 import torch
 
-from dpgrpo.privacy.mechanism import (
-    PrivatizedUpdate,
-    check_expected_batch,
-    clip_sum_count,
-    noise_and_scale,
-)
-from dpgrpo.privacy.noise import NoiseSource
+from dpgrpo.privacy.mechanism import ClippedSum, Reduce
 
 T = TypeVar("T")
 
@@ -87,39 +81,46 @@ def shard(items: Sequence[T], ctx: DistContext) -> list[T]:
     return list(items[ctx.rank::ctx.world_size])
 
 
-def privatize_across_ranks(grads: dict[str, torch.Tensor], *, clip_norm: float,
-                           noise_multiplier: float, expected_batch: float, noise: NoiseSource,
-                           ctx: DistContext) -> PrivatizedUpdate:
-    """The mechanism of :mod:`dpgrpo.privacy.mechanism` for records spread over ranks.
+@dataclass(frozen=True)
+class _Ranks:
+    """The torch.distributed transport of :func:`~dpgrpo.privacy.mechanism.privatize`: an
+    all-reduce (SUM) of the clipped sums and counts, noise on rank 0 alone, and a broadcast of
+    rank 0's update, so every rank applies the same step."""
 
-    The same two halves as :func:`~dpgrpo.privacy.mechanism.privatize`, with the transport
-    between them: each rank's :func:`clip_sum_count`, an all-reduce of the sums and counts, and
-    :func:`noise_and_scale` on rank 0 alone (noise exactly once), broadcast to every rank.
-    """
-    check_expected_batch(expected_batch)                         # on every rank, before work
-    part = clip_sum_count(grads, clip_norm)                      # this rank's clipped records
-    counts = (part.num_records, part.num_nonfinite, part.num_clipped)
-    total = part.total
-    if ctx.active:
+    ctx: DistContext
+
+    @property
+    def adds_noise(self) -> bool:
+        return self.ctx.is_main
+
+    def total(self, part: ClippedSum) -> ClippedSum:
+        if not self.ctx.active:
+            return part
         import torch.distributed as dist
 
-        reduced = torch.tensor(counts, dtype=torch.float64,
-                               device=next(iter(total.values())).device)
+        total = dict(part.total) if isinstance(part.total, dict) else {"": part.total}
+        counts = torch.tensor((part.num_records, part.num_nonfinite, part.num_clipped),
+                              dtype=torch.float64, device=next(iter(total.values())).device)
         for name in sorted(total):
             dist.all_reduce(total[name], op=dist.ReduceOp.SUM)
-        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
-        counts = tuple(int(x) for x in reduced.tolist())
-    if ctx.is_main:                                              # noise exactly once
-        update = noise_and_scale(total, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                                 expected_batch=expected_batch, noise=noise)
-    else:
-        update = {k: torch.empty_like(v) for k, v in total.items()}
-    if ctx.active:
-        import torch.distributed as dist
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+        records, nonfinite, clipped = (int(x) for x in counts.tolist())
+        return ClippedSum(total if isinstance(part.total, dict) else total[""],
+                          records, nonfinite, clipped)
 
-        for name in sorted(update):
-            dist.broadcast(update[name], src=0)
-    return PrivatizedUpdate(update, *counts)
+    def share(self, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.ctx.active:
+            import torch.distributed as dist
+
+            for name in sorted(update):
+                dist.broadcast(update[name], src=0)
+        return update
+
+
+def across_ranks(ctx: DistContext) -> Reduce:
+    """The transport between ranks for :func:`~dpgrpo.privacy.mechanism.privatize`
+    (``reduce=across_ranks(ctx)``); with one process, the same as the single-process path."""
+    return _Ranks(ctx)
 
 
 def barrier(ctx: DistContext) -> None:
@@ -129,5 +130,5 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-__all__ = ["DistContext", "barrier", "broadcast_object", "device_for", "init_from_env",
-           "privatize_across_ranks", "shard"]
+__all__ = ["DistContext", "across_ranks", "barrier", "broadcast_object", "device_for",
+           "init_from_env", "shard"]

@@ -7,6 +7,7 @@ content of the prompts nor from how many of them are valid.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ from dpgrpo.privacy.contributors import (
 from dpgrpo.privacy.noise import NoiseSource, check_noise_tail, noise_tail_delta
 from dpgrpo.privacy.record_coins import RecordRandomness
 from dpgrpo.privacy.sampling import PoissonSampler, SlotCount
+from dpgrpo.privacy.seeds import derive_seed
 from dpgrpo.rundir.layout import RunDir
 from dpgrpo.training.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.training.grads import trainable_parameters
@@ -63,6 +65,11 @@ class RunState:
     @property
     def model(self) -> Any:
         return self.policy.model
+
+    @functools.cached_property
+    def layout(self) -> RunDir:
+        """The run directory's paths (:class:`~dpgrpo.rundir.layout.RunDir`)."""
+        return RunDir(self.run_dir)
 
     @property
     def expected_batch(self) -> float:
@@ -153,7 +160,7 @@ def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot
     else:
         gen = None
         if config.privacy.seed is not None:
-            gen = torch.Generator().manual_seed(config.privacy.seed + 3)
+            gen = torch.Generator().manual_seed(derive_seed(config.privacy.seed, "canaries"))
         plan = CanaryPlan.create(k, seed=config.audit.canary_seed, generator=gen)
         plan = replace(plan, slots=tuple(range(first_slot, first_slot + k)))  # public
         plan.save(plan_path)
@@ -225,11 +232,11 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     chooser = None
     if config.data.privacy_unit == CONTRIBUTOR:
         chooser = ProblemChooser(config.data.per_contributor,
-                                 seed=None if seed is None else seed + 4 + 7919 * ctx.rank)
+                                 seed=derive_seed(seed, "chooser", ctx.rank))
     return RunState(config=config, run_dir=run_dir, device=device, slots=slots, n=n, q=q,
                     delta=delta, sigma=sigma, clip_norm=clip,
                     sampler=PoissonSampler(n, q, seed=seed),
-                    noise=NoiseSource(seed=None if seed is None else seed + 1),
+                    noise=NoiseSource(seed=derive_seed(seed, "noise")),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
                     coordinates=coordinates, coins=RecordRandomness(seed=seed), chooser=chooser,

@@ -11,8 +11,10 @@
         AdamW step on the LoRA parameters (skipped if non-finite)   line 9
         checkpoint every k rounds: release/ and recovery/
 
-Arms differ only in how a sampled record becomes a :class:`~dpgrpo.objectives.TrainBatch`
-(:mod:`dpgrpo.training.arms`) and in sigma and C; the mechanism, the accountant and the loop are shared.
+The loop is :func:`_train`: :func:`open_run` builds (or restores) the run, :func:`run_round` is
+one round above, :func:`finish` closes it. Arms differ only in how a sampled record becomes a
+:class:`~dpgrpo.objectives.TrainBatch` (:mod:`dpgrpo.training.arms`) and in sigma and C; the
+mechanism, the accountant and the loop are shared.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import math
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,6 +35,7 @@ from dpgrpo.errors import ConfigError, UserCodeError
 from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.privacy.contributors import round_prompts, sum_within_records
 from dpgrpo.privacy.journal import PrivacyJournal
+from dpgrpo.privacy.mechanism import PrivatizedUpdate, privatize
 from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.release.certificate import certificate
 from dpgrpo.release.write import write_release
@@ -53,17 +56,17 @@ from dpgrpo.rundir.resume import (
     reconcile,
     release_is_current,
 )
-from dpgrpo.training.arms import make_arm
+from dpgrpo.training.arms import Arm, make_arm
 from dpgrpo.training.distributed import (
     DistContext,
+    across_ranks,
     barrier,
     broadcast_object,
     init_from_env,
-    privatize_across_ranks,
     shard,
 )
 from dpgrpo.training.grads import per_prompt_grads, trainable_parameters
-from dpgrpo.training.metrics import open_metrics
+from dpgrpo.training.metrics import MetricsLogger, open_metrics
 from dpgrpo.training.quiet import quiet_model_loading
 from dpgrpo.training.runtime import bound_heap_growth, release_free_memory
 from dpgrpo.training.setup import RunState, build_run
@@ -112,9 +115,55 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
             raise
 
 
+@dataclass
+class OpenRun:
+    """A run ready for its next round: what every round reads, and where the loop starts."""
+
+    run: RunState
+    ctx: DistContext
+    journal: PrivacyJournal
+    arm: Arm
+    metrics: MetricsLogger | None
+    start: int                    # the next round index (0, or the checkpoint's on resume)
+    notes: list[str]              # what resume repaired
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def config(self) -> RunConfig:
+        return self.run.config
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round leaves for the loop (its private telemetry row went to the run)."""
+
+    done: int                     # rounds done after it (t + 1)
+    update: PrivatizedUpdate
+    info: dict[str, Any]          # the arm's private statistics (reward mean, lengths)
+    timings: dict[str, float]     # wall-clock per phase: private unless train.public_timings
+
+
 def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bool,
            progress: ProgressFn | None, stop_after: int | None,
            show_private: bool = False) -> TrainResult:
+    live = open_run(config, run_dir, ctx, resume)
+    steps = live.config.train.steps
+    for t in range(live.start, steps):
+        outcome = run_round(live, t)
+        _report(live, outcome, progress, show_private)
+        if outcome.done % live.config.train.checkpoint_every == 0 or outcome.done == steps:
+            if ctx.is_main:
+                _checkpoint(live.run, live.journal, outcome.done)
+            barrier(ctx)
+        stop = stop_after is not None and outcome.done - live.start >= stop_after
+        if stop and outcome.done < steps:
+            return finish(live, outcome.done, interrupted=True)  # as a crash would
+    return finish(live, steps)
+
+
+def open_run(config: RunConfig | None, run_dir: Path, ctx: DistContext,
+             resume: bool) -> OpenRun:
+    """Build the run (model, sampler, noise, journal), restore it on resume, open its sinks."""
     if ctx.is_main:
         for name in remove_temporaries(run_dir):
             log.warning("%s: removed %s left by an interrupted write", run_dir, name)
@@ -124,13 +173,12 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         raise ConfigError("train() needs a config unless resume=True")
     elif _holds_run(run_dir):
         raise ConfigError(f"{run_dir} already holds a run; resume it with --resume or choose "
-                          "another --output-dir")
+                          "another --out")
     if config.train.bound_memory:
         bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     with quiet_model_loading():
         run = build_run(config, run_dir, ctx)
-    journal = PrivacyJournal(RunDir(run_dir).journal, run.q, run.sigma,
-                             twin=RunDir(run_dir).journal_twin)
+    journal = PrivacyJournal(run.layout.journal, run.q, run.sigma, twin=run.layout.journal_twin)
     notes: list[str] = []
     if resume:
         start = _restore(run, journal, ctx, notes)
@@ -139,84 +187,86 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
         if ctx.is_main:
             _write_recovery_config(run)
             journal.open()
-    arm = make_arm(config, run.policy, run.task)
-    laps = arm.laps  # wall-clock per phase: private telemetry (they track the batch size)
     metrics = (open_metrics(config.train.metrics, run_dir, config.to_dict(public=True),
                             timings=config.train.public_timings, releasable=config.releasable)
                if ctx.is_main else None)
-    q, sigma, clip = run.q, run.sigma, run.clip_norm
-    skipped = run.steps_skipped
-    steps = config.train.steps
-    done_here = 0
-    started = time.perf_counter()
+    return OpenRun(run, ctx, journal, make_arm(config, run.policy, run.task), metrics, start,
+                   notes)
 
-    for t in range(start, steps):
-        if ctx.is_main:
-            journal.charge(t, q, sigma)                               # before touching data
-        tic = time.perf_counter()
-        sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
-        mine = shard([int(i) for i in sampled if run.slots[i] is not None], ctx)  # absent: zero
-        records = [run.slots[i] for i in mine]                        # this rank's records
-        key = broadcast_object(run.coins.round_key(t) if ctx.is_main else None, ctx)
-        laps.reset()
-        plan = round_prompts(records, run.chooser,                    # a contributor: <= k
-                             [key.reader(s, 0, "choose") for s in mine])
-        coins = PromptCoins.for_records(key, mine, plan.bounds)       # bound to (round, slot)
-        try:
-            batch, info = arm.batch(plan.prompts, coins=coins)        # lines 4-6 (objective)
-        except UserCodeError as err:  # the round is charged (journal): the run stays resumable
-            raise UserCodeError(f"round {t + 1}: {err}; round {t + 1} stays charged to the "
-                                f"privacy ledger; fix it, then: dpgrpo train --resume "
-                                f"{run_dir}") from None
-        grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
-                                 method=_grad_method(config),
-                                 rows_per_pass=config.train.rows_per_pass(arm.cap),
-                                 dropout_seeds=coins.seeds("dropout"))  # line 6
-        grads = sum_within_records(grads, plan)                       # one gradient per record
-        laps.mark("gradients")
-        update = privatize_across_ranks(grads, clip_norm=clip, noise_multiplier=sigma,
-                                        expected_batch=run.expected_batch, noise=run.noise,
-                                        ctx=ctx)                      # lines 7-8
-        laps.mark("mechanism")
-        if update.finite:                                             # line 9
-            _apply(run.model, run.optimizer, update.update)
-        else:
-            skipped += 1                                              # still charged
-        laps.mark("step")
-        timings = {"time/round": time.perf_counter() - tic, **laps.row()}  # private by default
-        run.telemetry.append({"round": t + 1, "batch_size": update.num_records,
-                              "prompts": len(plan.prompts), **info,
-                              "nonfinite_records": update.num_nonfinite,
-                              "clipped_records": update.num_clipped,
-                              "step_skipped": not update.finite,
-                              "seconds": timings["time/round"], **timings})
-        done_here += 1
-        release_free_memory()                                         # RSS back to baseline
-        if (progress is not None or metrics is not None) and ctx.is_main:
-            public = {"round": t + 1, "steps": steps,
-                      "epsilon": _epsilon_so_far(journal, config.private, run.delta),
-                      "elapsed": time.perf_counter() - started}
-            if metrics is not None:                                   # public values only
-                metrics.log({k: public[k] for k in ("round", "steps", "epsilon")}
-                            | (timings | {"elapsed": public["elapsed"]}
-                               if config.train.public_timings else {}))
-            private = {"batch_size": update.num_records, "reward_mean": info.get("reward_mean")}
-            if progress is not None:
-                progress({**public, **private} if show_private else public)
-        if (t + 1) % config.train.checkpoint_every == 0 or t + 1 == steps:
-            run.steps_skipped = skipped
-            if ctx.is_main:
-                _checkpoint(run, journal, t + 1)
-            barrier(ctx)
-        if stop_after is not None and done_here >= stop_after and t + 1 < steps:
-            if metrics is not None:
-                metrics.close()
-            return TrainResult(run_dir, RunDir(run_dir).release, {}, t + 1, skipped,  # "crash"
-                               tuple(notes))
-    if metrics is not None:
-        metrics.close()
-    cert = json.loads(RunDir(run_dir).certificate_path.read_text())
-    return TrainResult(run_dir, RunDir(run_dir).release, cert, steps, skipped, tuple(notes))
+
+def run_round(live: OpenRun, t: int) -> RoundOutcome:
+    """Round t + 1 of Algorithm 1, charged before it touches data."""
+    run, ctx, arm, laps = live.run, live.ctx, live.arm, live.arm.laps
+    if ctx.is_main:
+        live.journal.charge(t, run.q, run.sigma)                      # before touching data
+    tic = time.perf_counter()
+    sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
+    mine = shard([int(i) for i in sampled if run.slots[i] is not None], ctx)  # absent: zero
+    records = [run.slots[i] for i in mine]                            # this rank's records
+    key = broadcast_object(run.coins.round_key(t) if ctx.is_main else None, ctx)
+    laps.reset()
+    plan = round_prompts(records, run.chooser,                        # a contributor: <= k
+                         [key.reader(s, 0, "choose") for s in mine])
+    coins = PromptCoins.for_records(key, mine, plan.bounds)           # bound to (round, slot)
+    try:
+        batch, info = arm.batch(plan.prompts, coins=coins)            # lines 4-6 (objective)
+    except UserCodeError as err:  # the round is charged (journal): the run stays resumable
+        raise UserCodeError(f"round {t + 1}: {err}; round {t + 1} stays charged to the "
+                            f"privacy ledger; fix it, then: dpgrpo train --resume "
+                            f"{run.run_dir}") from None
+    grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
+                             method=_grad_method(run.config),
+                             rows_per_pass=run.config.train.rows_per_pass(arm.cap),
+                             dropout_seeds=coins.seeds("dropout"))    # line 6
+    grads = sum_within_records(grads, plan)                           # one gradient per record
+    laps.mark("gradients")
+    update = privatize(grads, clip_norm=run.clip_norm, noise_multiplier=run.sigma,
+                       expected_batch=run.expected_batch, noise=run.noise,
+                       reduce=across_ranks(ctx))                      # lines 7-8
+    laps.mark("mechanism")
+    if update.finite:                                                 # line 9
+        _apply(run.model, run.optimizer, update.update)
+    else:
+        run.steps_skipped += 1                                        # still charged
+    laps.mark("step")
+    timings = {"time/round": time.perf_counter() - tic, **laps.row()}  # private by default
+    run.telemetry.append({"round": t + 1, "batch_size": update.num_records,
+                          "prompts": len(plan.prompts), **info,
+                          "nonfinite_records": update.num_nonfinite,
+                          "clipped_records": update.num_clipped,
+                          "step_skipped": not update.finite,
+                          "seconds": timings["time/round"], **timings})
+    release_free_memory()                                             # RSS back to baseline
+    return RoundOutcome(t + 1, update, info, timings)
+
+
+def _report(live: OpenRun, outcome: RoundOutcome, progress: ProgressFn | None,
+            show_private: bool) -> None:
+    """Public values to the progress callback and the metrics sinks (invariant 6)."""
+    if (progress is None and live.metrics is None) or not live.ctx.is_main:
+        return
+    config = live.config
+    public = {"round": outcome.done, "steps": config.train.steps,
+              "epsilon": _epsilon_so_far(live.journal, config.private, live.run.delta),
+              "elapsed": time.perf_counter() - live.started}
+    if live.metrics is not None:                                      # public values only
+        live.metrics.log({k: public[k] for k in ("round", "steps", "epsilon")}
+                         | (outcome.timings | {"elapsed": public["elapsed"]}
+                            if config.train.public_timings else {}))
+    private = {"batch_size": outcome.update.num_records,
+               "reward_mean": outcome.info.get("reward_mean")}
+    if progress is not None:
+        progress({**public, **private} if show_private else public)
+
+
+def finish(live: OpenRun, rounds_done: int, *, interrupted: bool = False) -> TrainResult:
+    """Close the sinks; the result carries the release's certificate (none when interrupted)."""
+    if live.metrics is not None:
+        live.metrics.close()
+    layout = live.run.layout
+    cert = {} if interrupted else json.loads(layout.certificate_path.read_text())
+    return TrainResult(live.run.run_dir, layout.release, cert, rounds_done,
+                       live.run.steps_skipped, tuple(live.notes))
 
 
 def _grad_method(config: RunConfig) -> str:
@@ -248,11 +298,11 @@ def _epsilon_so_far(journal: PrivacyJournal, private: bool, delta: float) -> flo
 
 def _checkpoint(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
     ledger = journal.ledger()
-    check_charged(ledger.rounds, round_done, str(RunDir(run.run_dir).recovery))
-    save_recovery(RunDir(run.run_dir).recovery, round_done, model=run.model,
+    check_charged(ledger.rounds, round_done, str(run.layout.recovery))
+    save_recovery(run.layout.recovery, round_done, model=run.model,
                   optimizer=run.optimizer, generators=run.generator_states(),
                   extra={"steps_skipped": run.steps_skipped, "ledger": ledger.to_dict()})
-    append_lines(RunDir(run.run_dir).telemetry,
+    append_lines(run.layout.telemetry,
                  [json.dumps(row) for row in run.telemetry])
     run.telemetry.clear()
     _publish(run, journal, round_done)
@@ -261,23 +311,23 @@ def _checkpoint(run: RunState, journal: PrivacyJournal, round_done: int) -> None
 def _publish(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
     """ledger.json and the release of the model as it is after ``round_done`` rounds."""
     ledger = journal.ledger()
-    check_charged(ledger.rounds, round_done, str(RunDir(run.run_dir).release))
-    atomic_write_json(RunDir(run.run_dir).ledger, ledger.to_dict())
+    check_charged(ledger.rounds, round_done, str(run.layout.release))
+    atomic_write_json(run.layout.ledger, ledger.to_dict())
     cert = certificate(run, ledger, round_done)
-    write_release(RunDir(run.run_dir).release, model=run.model,
+    write_release(run.layout.release, model=run.model,
                   config=run.config.to_dict(public=True), certificate=cert)
 
 
 def _write_recovery_config(run: RunState) -> None:
     """The full config (seed included) goes to recovery/; release/ gets the public one later."""
-    atomic_write_json(RunDir(run.run_dir).config_json, run.config.to_dict(public=False))
-    atomic_write_text(RunDir(run.run_dir).config_toml, to_toml(run.config))
+    atomic_write_json(run.layout.config_json, run.config.to_dict(public=False))
+    atomic_write_text(run.layout.config_toml, to_toml(run.config))
 
 
 def _restore(run: RunState, journal: PrivacyJournal, ctx: DistContext, notes: list[str]) -> int:
     """Restore the newest intact checkpoint, make the journal charge at least every round any
     record proves, and bring release/ up to that checkpoint; return the next round index."""
-    found = load_checkpoint(RunDir(run.run_dir).recovery)
+    found = load_checkpoint(run.layout.recovery)
     if found is not None:
         notes += [f"checkpoint {d} is damaged; resuming from {found.path.name}"
                   for d in found.damaged]

@@ -1,0 +1,30 @@
+"""Debugging seeds: every generator's seed derived from the one user seed (``privacy.seed``).
+
+A seeded run is reproducible and therefore never releasable (invariant 4); a secure run draws
+every key from OS entropy and uses none of this. Each generator gets its own stream offset, so
+no two generators of one run share a seed; ranks and protocol runs get strides of their own.
+"""
+
+from __future__ import annotations
+
+#: generator -> offset from the user seed (the record coins and the sampler derive their own
+#: keys from the seed itself, under different SHA-256 / numpy constructions)
+STREAMS = {"sampler": 0, "records": 0, "torch": 0, "noise": 1, "canaries": 3, "chooser": 4}
+RANK_STRIDE = 7919  # a prime, so rank strides never meet the stream offsets
+RUN_STRIDE = 16     # protocol run k (seed k) of an arm: privacy.seed + 16 (k - 1)
+
+
+def derive_seed(seed: int | None, stream: str, rank: int = 0) -> int | None:
+    """The debugging seed of generator ``stream`` on ``rank`` (None: a secure run)."""
+    if seed is None:
+        return None
+    return seed + STREAMS[stream] + RANK_STRIDE * rank
+
+
+def run_seed(seed: int | None, run: int) -> int | None:
+    """The user seed of a protocol arm's run ``run`` (1, 2, ...): a stride apart, so the
+    streams of two runs never coincide (None: secure runs)."""
+    return None if seed is None else seed + RUN_STRIDE * (run - 1)
+
+
+__all__ = ["RANK_STRIDE", "RUN_STRIDE", "STREAMS", "derive_seed", "run_seed"]
