@@ -42,12 +42,13 @@ INIT_KEEP = {
 class ModelConfig:
     """The public base model and the LoRA adapter (paper, Appendix C-A)."""
 
-    name: str = "smollm2-135m"
+    name: str = "smollm2-135m"  # a hub id, a local folder, a .gguf file or the alias smollm2-135m
     dtype: str = "float32"  # base weights; loss, clipping, noise and AdamW stay in fp32
-    device: str = "auto"
-    lora_rank: int = 4
-    lora_alpha: float = 8.0
-    lora_dropout: float = 0.05
+    device: str = "auto"  # "auto" (a GPU when there is one), "cpu", "cuda", "cuda:N" or "mps"
+    lora_rank: int = 4  # r of the LoRA adapter (Appendix C-A: 4)
+    lora_alpha: float = 8.0  # LoRA scale alpha (the update is alpha / r * B A)
+    lora_dropout: float = 0.05  # LoRA dropout; each prompt's masks come from its own stream
+    # modules that get an adapter (default: the seven attention and MLP projections)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                        "up_proj", "down_proj")
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (less memory)
@@ -100,9 +101,11 @@ class ModelConfig:
 class DataConfig:
     """The private prompts and the public slot universe."""
 
+    # a built-in task (arithmetic, gsm8k, math, csqa, svamp, code, humaneval, ...) or
+    # "module:OBJECT" (your task object or factory; docs/usage.md)
     task: str = "arithmetic"
-    data_dir: str | None = None
-    split: str = "train"
+    data_dir: str | None = None  # the benchmarks' folder, laid out like ../shared/data
+    split: str = "train"  # the split trained on (eval runs use the task's eval split)
     source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
     # Public pre-processing: train on the first `limit` valid problems of the split; `limit`
     # is also a public capacity, n = limit (+ canaries) unless n_slots is set. Refused with
@@ -153,10 +156,10 @@ class DataConfig:
 class PrivacyConfig:
     """(epsilon, delta) target and the mechanism's public parameters (Table I)."""
 
-    epsilon: float = 8.0
+    epsilon: float = 8.0  # target epsilon: sigma is calibrated to it at delta over T rounds
     delta: float | None = None  # default 1 / (10 n); a releasable run needs delta < 1 / n
     expected_batch: float = 128.0  # m = q n
-    clip_norm: float = 0.055
+    clip_norm: float = 0.055  # C: each prompt's gradient is clipped to this L2 norm
     noise_multiplier: float | None = None  # None: calibrated from epsilon
     seed: int | None = None  # debugging only: a seeded run is not releasable
     group_sizes: tuple[int, ...] = (2, 3)  # certificate: k prompts of one person (2..8)
@@ -191,31 +194,32 @@ class PrivacyConfig:
 class TrainConfig:
     """Algorithm 1's loop and the objective (Section VII-A)."""
 
+    # what each sampled record computes (config.arms.ARMS: dp-grpo, zero-advantage, ...)
     arm: str = "dp-grpo"
     steps: int = 50  # T rounds
     group_size: int = 8  # G
-    temperature: float = 0.7
+    temperature: float = 0.7  # sampling temperature of the G completions
     # Sampler (dpgrpo.rollout.sampling, both engines): nucleus filtering and CTRL's repetition
     # penalty on the prompt and the completion so far, in transformers' order. 1.0: off.
     top_p: float = 1.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.0  # CTRL's penalty (1.0: off)
     max_new_tokens: int | None = None  # default: the task's completion cap
-    beta: float = 0.04
+    beta: float = 0.04  # weight of the k3 KL term to the frozen base (Eq. 7)
     # The per-prompt loss's token normaliser (LOSS_TYPES) and the advantages' scale
     # (SCALE_REWARDS); Dr. GRPO is loss_type = "dr_grpo" with scale_rewards = "none".
     loss_type: str = "grpo"
-    scale_rewards: str = "group"
+    scale_rewards: str = "group"  # "group" (divide by the group's std) or "none"
     # Leave completions that hit the cap (no EOS) out of the loss (DAPO's overlong masking):
     # a per-row rule on the prompt's own rollouts; their rewards still enter the group's mean.
     mask_truncated_completions: bool = False
-    learning_rate: float = 3e-4
-    weight_decay: float = 0.0
+    learning_rate: float = 3e-4  # AdamW's, on the trainable LoRA weights
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
     # "auto": the fast LoRA-hook path, or the reference path under gradient checkpointing
     # (autograd then saves only each layer's input: ~6x less memory than the hooks' stashes)
     grad_method: str = "auto"
     chunk_size: int | None = None  # rows of one prompt per backward (default: from the budget)
     rollout_batch_size: int | None = None  # rows per generate call (default: 16 passes' rows)
-    checkpoint_every: int = 10
+    checkpoint_every: int = 10  # rounds between checkpoints (recovery/) and releases (release/)
     clip_nonprivate: bool = True  # non-private arm: keep clipping at C
     # Memory budget of one forward/backward pass, counted in completion-cap tokens: a pass holds
     # rows_per_pass = max(1, max_tokens_per_pass // cap) rows of ONE prompt. Public: it never
@@ -310,7 +314,7 @@ class TrainConfig:
 class AuditConfig:
     """Canaries for the one-run audit (Steinke et al. 2023); their slots count in n."""
 
-    canaries: int = 0
+    canaries: int = 0  # canary slots for the one-run audit (the last of the n slots)
     canary_seed: int = 0  # public: canary content is not secret, their inclusion bits are
 
     def __post_init__(self) -> None:
