@@ -164,7 +164,7 @@ def test_an_epsilon_the_gate_refuses_is_reported_not_fatal(monkeypatch, tmp_path
     """A sweep epsilon whose certificate cannot be made (the noise-tail gate) is a row saying so."""
     from types import SimpleNamespace
 
-    import dpgrpo.experiments.study as study
+    import dpgrpo.experiments.study_steps as study
     from dpgrpo.config import RunConfig
     from dpgrpo.errors import PrivacyError
 
@@ -189,7 +189,8 @@ def test_a_study_folder_holding_another_run_is_refused(tiny_model_dir: Path, tmp
 
     from dpgrpo.config import apply_overrides, config_from_dict, read_toml
     from dpgrpo.errors import ConfigError
-    from dpgrpo.experiments.study import _train_once, private_twin
+    from dpgrpo.experiments.study import private_twin
+    from dpgrpo.experiments.study_steps import _train_once
 
     config = tmp_path / "study.toml"
     config.write_text(STUDY_TOML.format(model=tiny_model_dir))

@@ -150,7 +150,7 @@ def _certificate(**kw):
 
 
 def test_study_step_audits_the_certificate_and_the_results_page_prints_it(tmp_path):
-    from dpgrpo.experiments.study import _whitebox
+    from dpgrpo.experiments.study_steps import _whitebox
     from dpgrpo.reports.study import _whitebox_sentence
 
     audit = _whitebox(_certificate(), tmp_path / "mechanism")

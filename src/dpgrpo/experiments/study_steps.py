@@ -1,0 +1,283 @@
+"""The CPU study's parts: its settings, its record of timed steps, and the steps themselves.
+
+Each step trains, evaluates or audits one thing and returns a JSON-able dict; :class:`Steps`
+times it (wall seconds, peak RSS) and skips it when a resumed study finds it done. The
+orchestration is :mod:`dpgrpo.experiments.study`; the page's numbers,
+:mod:`dpgrpo.experiments.study_summary`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any, Callable, Mapping, Sequence
+
+from dpgrpo.config import RunConfig, apply_overrides
+from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.privacy.planning import noise_to_signal
+from dpgrpo.training.runtime import PeakRSS
+
+Say = Callable[[str], None]
+STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
+SWEEP_STEP = "sweep eps="          # the name of every sweep step starts so
+WARM_START = "warm-start"          # the public warm start's folder and arm label
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """What the audit part of the study trains and attacks (public choices, fixed up front)."""
+
+    members: int = 32
+    audit_samples: int = 8
+    audit_temperature: float = 0.5
+    audit_max_new_tokens: int | None = None
+    audit_folds: int = 5
+    audit_seed: int = 0
+    sweep: tuple[float, ...] = (32.0, 128.0)
+    leaky: Mapping[str, Any] = field(default_factory=dict)
+    dp_leaky: bool = False
+    private_audit: Mapping[str, Any] = field(default_factory=dict)
+    warm_start: Mapping[str, Any] = field(default_factory=dict)  # public warm start overrides
+    audit_prompts_per_batch: int = 16   # prompts per sampling call (x audit_samples rows)
+    audit_permutations: int = 50        # label shuffles of each DIBA audit's permutation test
+    workers: int = 1                    # processes running independent tasks at once
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.audit_prompts_per_batch < 1:
+            raise ConfigError("study.workers and study.audit_prompts_per_batch must be >= 1")
+        if self.audit_permutations < 0:
+            raise ConfigError("study.audit_permutations must be >= 0")
+        if self.members < self.audit_folds:
+            raise ConfigError(f"study.members must be >= study.audit_folds ({self.audit_folds})")
+        if any(not e > 0 for e in self.sweep):
+            raise ConfigError(f"study.sweep epsilons must be > 0, got {list(self.sweep)}")
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any]) -> "StudySettings":
+        known = set(cls.__dataclass_fields__)
+        if unknown := sorted(set(table) - known):
+            raise ConfigError(f"unknown study key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        values = dict(table)
+        if "sweep" in values:
+            values["sweep"] = tuple(float(e) for e in values["sweep"])
+        return cls(**values)
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    return list(json.loads(path.read_text())) if path.exists() else []
+
+
+def _best(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row["step"] not in best or row["seconds"] > best[row["step"]]["seconds"]:
+            best[row["step"]] = row
+    return list(best.values())
+
+
+class Steps:
+    """Wall time and peak RSS of each named step of the study.
+
+    With ``record`` (a JSON file), each finished step is written there at once, and a step
+    that a resumed study skips keeps the time and memory of the run that did its work (for each
+    step name, the row with the most seconds), so an interrupted study still reports them.
+    """
+
+    def __init__(self, say: Say, record: Path | None = None, *,
+                 others: Sequence[Path] = ()) -> None:
+        self.say, self.record = say, record
+        self._rows: list[dict[str, Any]] = _read_rows(record) if record is not None else []
+        self._others = [row for path in others for row in _read_rows(path)]
+        self.started = time.perf_counter()
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """For each step name, the row with the most seconds (the run that did its work),
+        from this record and from the other workers' records."""
+        return _best(self._rows + self._others)
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        self.say(f"{name} ...")
+        start, t0 = time.time(), time.perf_counter()
+        with PeakRSS(interval=0.05) as mem:
+            out = fn()
+        row = {"step": name, "seconds": round(time.perf_counter() - t0, 1),
+               "peak_rss_bytes": mem.peak, "start": round(start, 1), "pid": os.getpid()}
+        self._rows.append(row)
+        if self.record is not None:
+            from dpgrpo.rundir.checkpoint import atomic_write_json
+
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.record, _best(self._rows))
+        self.say(f"{name}: {row['seconds']:.0f} s")
+        return out
+
+    @property
+    def wall(self) -> float:
+        """Seconds of study work: the length of the union of the steps' time spans, so steps
+        run at once by several workers count once and a resumed study adds its steps' time;
+        rows without a start time (older records) add their seconds."""
+        return self.wall_of(lambda name: True)
+
+    def wall_of(self, keep: Callable[[str], bool]) -> float:
+        """:attr:`wall` of the steps whose name ``keep`` accepts."""
+        rows = [r for r in self.rows if keep(r["step"])]
+        spans = sorted((r["start"], r["start"] + r["seconds"]) for r in rows if "start" in r)
+        total, end = sum(r["seconds"] for r in rows if "start" not in r), -math.inf
+        for a, b in spans:
+            total += max(0.0, b - max(a, end))
+            end = max(end, b)
+        return round(total, 1)            # the rows hold tenths of a second
+
+
+def _overrides(table: Mapping[str, Any]) -> list[str]:
+    return [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
+            for k, v in table.items()]
+
+
+def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
+    """Train (or resume, or skip when complete) one run; its certificate."""
+    from dpgrpo.experiments.protocol import check_run_dir, release_complete
+    from dpgrpo.rundir.layout import RunDir
+    from dpgrpo.training.trainer import train
+
+    check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
+    if not release_complete(run_dir, config.train.steps):
+        resume = RunDir(run_dir).has_charges()
+        train(None if resume else config, run_dir, resume=resume)
+    return json.loads((run_dir / "release" / "certificate.json").read_text())
+
+
+def _sampling(settings: StudySettings) -> Any:
+    from dpgrpo.audit.scoring import SamplingSettings
+
+    return SamplingSettings(n_samples=settings.audit_samples,
+                            temperature=settings.audit_temperature,
+                            max_new_tokens=settings.audit_max_new_tokens,
+                            prompts_per_batch=settings.audit_prompts_per_batch)
+
+
+def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
+    """DIBA and the baselines on the run's members ``train[0:k]`` against ``train[k:2k]``."""
+    from dpgrpo.audit.pipeline import run_mia
+    from dpgrpo.audit.report import mia_summary, write_mia_report
+
+    if (out / "summary.json").exists():
+        summary = json.loads((out / "summary.json").read_text())
+        if "certified_auc_ceiling" not in summary:     # written before the ceiling existed
+            from dpgrpo.audit.pipeline import read_run
+
+            summary["certified_auc_ceiling"] = read_run(run_dir).auc_ceiling
+        return summary
+    k = settings.members
+    task = config.data.task
+    outcome = run_mia(run_dir, f"{task}:train[0:{k}]", f"{task}:train[{k}:{2 * k}]",
+                      data_dir=config.data.data_dir, settings=_sampling(settings),
+                      seed=settings.audit_seed,
+                      n_folds=settings.audit_folds)
+    write_mia_report(out, outcome)
+    return mia_summary(outcome)
+
+
+def _permutation(out: Path, settings: StudySettings) -> dict[str, Any] | None:
+    """Add the permutation test (:func:`dpgrpo.audit.mia.permutation_test`) to the finished
+    DIBA audit in ``out``, from the features it saved; its summary, or None while the audit is
+    not finished (the final pass then does it)."""
+    import numpy as np
+
+    from dpgrpo.audit.features import DIBA_FEATURES
+    from dpgrpo.audit.mia import permutation_test
+    from dpgrpo.audit.report import permutation_sentence
+    from dpgrpo.rundir.checkpoint import atomic_write_json
+
+    summary_path, table = out / "summary.json", out / "candidates.jsonl"
+    if not (summary_path.exists() and table.exists()):
+        return None
+    summary = json.loads(summary_path.read_text())
+    rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
+    if "permutation" in summary or settings.audit_permutations < 1 or \
+            len(rows) != summary["n_members"] + summary["n_nonmembers"]:  # still being written
+        return summary
+    x = np.array([[np.nan if r["features"][n] is None else r["features"][n]
+                   for n in DIBA_FEATURES] for r in rows], dtype=np.float64)
+    test = permutation_test(x, np.array([r["member"] for r in rows]),
+                            permutations=settings.audit_permutations, seed=summary["seed"],
+                            n_folds=summary["diba"]["n_folds"],
+                            n_estimators=summary["diba"]["n_estimators"])
+    summary["permutation"] = test.to_dict()
+    atomic_write_json(summary_path, summary)
+    with (out / "report.md").open("a") as f:
+        f.write("\n## Permutation test\n\n" + permutation_sentence(summary["permutation"]) + "\n")
+    return summary
+
+
+def _canary(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]:
+    from dpgrpo.audit.pipeline import run_canary_audit
+    from dpgrpo.audit.report import canary_summary, write_canary_report
+
+    if (out / "summary.json").exists():
+        return json.loads((out / "summary.json").read_text())
+    outcome = run_canary_audit(run_dir, settings=_sampling(settings), seed=settings.audit_seed)
+    write_canary_report(out, outcome)
+    return canary_summary(outcome)
+
+
+def _whitebox(cert: Mapping[str, Any], out: Path) -> dict[str, Any]:
+    """The white-box mechanism audit (model-free, gradient canaries) at the DP-GRPO run's
+    certificate: a check of the mechanism, which the canary and DIBA audits cannot be."""
+    from dpgrpo.audit.mechanism_audit import audit_mechanism, setup_from_certificate
+    from dpgrpo.rundir.checkpoint import atomic_write_json
+
+    if (out / "summary.json").exists():
+        return json.loads((out / "summary.json").read_text())
+    audit = audit_mechanism(setup_from_certificate(dict(cert)), calibrate=True).to_dict()
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "summary.json", audit)
+    return audit
+
+
+def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
+    """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
+    and certificate, or the reason it was refused."""
+    from dpgrpo.experiments.protocol import eval_complete, evaluate
+
+    base = next(r for r in plan.runs if r.arm == "dp-grpo")
+    cfg = apply_overrides(base.config, ["privacy.noise_multiplier=none", f"privacy.epsilon={eps}"])
+    run_dir = plan.out_dir / "sweep" / f"dp-grpo-eps{eps:g}"
+    try:
+        cert = steps.run(f"{SWEEP_STEP}{eps:g}: train", lambda: _train_once(cfg, run_dir))
+    except PrivacyError as err:  # e.g. the noise-tail gate: this epsilon cannot be certified
+        return run_dir, str(err)
+    if not eval_complete(run_dir / "eval", plan.n_eval):
+        steps.run(f"{SWEEP_STEP}{eps:g}: evaluate", lambda: evaluate(
+            plan, run_dir / "eval", adapter=run_dir / "release", arm=f"dp-grpo-eps{eps:g}",
+            seed=1))
+    return run_dir, cert
+
+
+def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
+    """DP-GRPO at ``eps`` (:func:`_sweep_run`) contrasted with the control."""
+    from dpgrpo.evaluation import stats
+    from dpgrpo.reports.inputs import load_arms
+
+    control = next(r for r in plan.runs if r.arm == "zero-advantage")
+    run_dir, cert = _sweep_run(plan, eps, steps)
+    if isinstance(cert, str):
+        return {"epsilon": eps, "refused": cert}
+    _, (a, b) = load_arms([run_dir / "eval", control.eval_dir], plan.base_dir)
+    c = stats.contrast(a.correct["strict"], b.correct["strict"], draws=plan.settings.draws,
+                       sign_draws=plan.settings.sign_draws)
+    z = NormalDist().inv_cdf
+    return {"epsilon": cert["epsilon"], "sigma": cert["sigma"], "dp_vs_control_pp": c.difference,
+            "dp_vs_control_ci": list(c.ci), "mde": c.mde if c.mde is not None
+            else (z(0.975) + z(0.8)) * c.se, "accuracy": c.accuracy_a,
+            "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],
+                                               cert["expected_batch"])}
+
+
+__all__ = ["STUDY_JSON", "STUDY_MD", "SWEEP_STEP", "WARM_START", "Say", "Steps", "StudySettings"]

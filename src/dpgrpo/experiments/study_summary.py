@@ -1,0 +1,110 @@
+"""The CPU study's headline numbers (``cpu-study.json``'s ``summary``) from its results."""
+
+from __future__ import annotations
+
+import json
+from statistics import NormalDist
+from typing import Any, Mapping
+
+from dpgrpo.errors import ConfigError
+from dpgrpo.experiments.study_steps import WARM_START
+from dpgrpo.privacy.planning import noise_to_signal
+
+
+def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str, Any]:
+    rows = report["contrasts"] + report["versus_base"]
+    row = next((r for r in rows if r["arm"] == arm and r["comparator"] == comparator
+                and r["scorer"] == "strict"), None)
+    if row is None:
+        raise ConfigError(f"the comparison has no contrast {arm} - {comparator}")
+    mde = row.get("mde")
+    if mde is None:      # the report gives it only for null results; the study always wants it
+        z = NormalDist().inv_cdf
+        mde = (z(0.975) + z(0.8)) * row["se"]
+    return {"pp": row["difference"], "ci": list(row["ci"]), "mde": mde,
+            "holm_p": row.get("holm_p"), "a": row["accuracy_a"], "b": row["accuracy_b"]}
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x, default=str))
+
+
+def _auc(mia: Mapping[str, Any]) -> tuple[float, list[float]]:
+    pooled = mia["diba"]["pooled"]
+    return pooled["auc"], [pooled["extra"]["auc_ci_low"], pooled["extra"]["auc_ci_high"]]
+
+
+def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``<key>_p`` and ``<key>_null`` (central 95% of the null AUCs) of a permutation test."""
+    test = (mia or {}).get("permutation")
+    return {} if not test else {f"{key}_p": test["p_value"], f"{key}_null": test["null_band"]}
+
+
+def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The white-box audit's keys (none for results from before the audit existed)."""
+    if not audit:
+        return {}
+    return {"whitebox_eps_lower_bound": audit["whitebox_bound"]["epsilon_lower_bound"],
+            "whitebox_count_ceiling": audit["whitebox_bound"].get("count_ceiling"),
+            "whitebox_flagged": audit["flagged"]}
+
+
+def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_gain: float,
+                     nonprivate_gain: float) -> dict[str, Any]:
+    """What the public warm start gives alone, and what DP-GRPO adds to it (none without one)."""
+    warm = results.get("warm_start")
+    if not warm:
+        return {}
+    alone = next(a for a in report["arms"] if a["name"] == WARM_START)["accuracy"]["strict"]
+    base = next(a for a in report["arms"] if a["name"] == report["base"])["accuracy"]["strict"]
+    over = _contrast(report, "dp-grpo", WARM_START)
+    np_over = nonprivate_gain - (alone - base)
+    return {"warm_start_accuracy": alone, "warm_start_gain_pp": alone - base,
+            "dp_vs_warm_start_pp": over["pp"], "dp_vs_warm_start_ci": over["ci"],
+            # undefined when non-private GRPO did not gain over its own start
+            "retained_share_over_warm_start": (dp_gain - (alone - base)) / np_over
+            if np_over > 0 else None}
+
+
+def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
+    """The keys of ``cpu-study.json`` that the issue and the results page name."""
+    report, cert = results["report"], results["dp_certificate"]
+    nonprivate = _contrast(report, "non-private", "base")
+    dp = _contrast(report, "dp-grpo", "zero-advantage")
+    leaky_auc, leaky_ci = _auc(results["leaky_mia"])
+    dp_auc, dp_ci = _auc(results["private_mia"])
+    canary = results["canary"]
+    dp_leaky = {}
+    if results.get("dp_leaky_mia"):
+        auc, ci = _auc(results["dp_leaky_mia"])
+        dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci,
+                    "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"],
+                    **_permuted("audit_dp_leaky_auc", results["dp_leaky_mia"])}
+    dp_gain = _contrast(report, "dp-grpo", "base")["pp"]
+    return {**_warm_start_keys(results, report, dp_gain, nonprivate["pp"]),
+        "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
+        "dp_gain_pp": dp_gain,
+        "retained_share": dp_gain / nonprivate["pp"] if nonprivate["pp"] else None,
+        "trainable_params": cert["trainable_coordinates"],
+        "completions_per_arm": cert["expected_batch"] * cert["group_size"] * cert["steps"],
+        "dp_vs_control_pp": dp["pp"], "dp_vs_control_ci": dp["ci"],
+        "dp_vs_control_mde": dp["mde"],
+        "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],
+                                           cert["expected_batch"]),
+        "audit_leaky_auc": leaky_auc, "audit_leaky_auc_ci": leaky_ci,
+        **_permuted("audit_leaky_auc", results["leaky_mia"]),
+        "audit_dp_auc": dp_auc, "audit_dp_auc_ci": dp_ci,
+        **_permuted("audit_dp_auc", results["private_mia"]),
+        "audit_dp_auc_ceiling": results["private_mia"]["certified_auc_ceiling"], **dp_leaky,
+        "canary_eps_lower_bound": canary["empirical_epsilon_lower_bound"],
+        "certified_eps": canary["certified_epsilon"],
+        **_whitebox_keys(results.get("whitebox")),
+        "dp_grpo_certified_eps": cert["epsilon"],
+        "sweep": [{k: s[k] for k in ("epsilon", "dp_vs_control_pp", "dp_vs_control_ci", "mde",
+                                     "refused") if k in s} for s in results["sweep"]],
+        "wall_seconds": round(wall, 1),
+        "peak_rss_bytes": max(r["peak_rss_bytes"] for r in results["steps"]),
+    }
+
+
+__all__ = ["summarize"]
