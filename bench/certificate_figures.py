@@ -22,7 +22,7 @@ from dp_accounting.pld import pld_privacy_accountant
 from dpgrpo.privacy import group
 from dpgrpo.privacy.accounting import RoundEvent, default_delta
 from dpgrpo.privacy.calibration import calibrate
-from dpgrpo.privacy.figures import neighbour_figures
+from dpgrpo.privacy.neighbours import neighbour_figures
 
 CONFIGS = [  # name, n, m, T, checkpoint_every, sigma (None: calibrated to epsilon 8)
     ("bare dpgrpo train", 1000, 2.0, 12, 4, None),

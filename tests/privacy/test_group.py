@@ -1,4 +1,4 @@
-"""Replace-one and group accounting (privacy/group.py, privacy/figures.py): the vectorized
+"""Replace-one and group accounting (privacy/group.py, privacy/neighbours.py): the vectorized
 mixture PLD is dp_accounting's, figures are labelled, the certificate and release card state them."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dpgrpo.privacy.accounting import (
     pld_epsilon,
     replace_one_epsilon,
 )
-from dpgrpo.privacy.figures import converted_figure, neighbour_figure, neighbour_figures
+from dpgrpo.privacy.neighbours import converted_figure, neighbour_figure, neighbour_figures
 
 
 def _pmfs(pld):

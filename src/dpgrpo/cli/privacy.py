@@ -169,7 +169,7 @@ def convert_cmd(
     if (epsilon is not None or ledgers) and delta is None:
         raise PrivacyBudgetError("--epsilon and --ledger need --delta (a ledger does not record n)")
     from dpgrpo.privacy.accounting import RoundEvent, default_delta, sampling_rate
-    from dpgrpo.privacy.figures import converted_figure, neighbour_figure
+    from dpgrpo.privacy.neighbours import converted_figure, neighbour_figure
 
     if epsilon is not None and delta is not None:
         figure = converted_figure(epsilon, delta, relation, group)

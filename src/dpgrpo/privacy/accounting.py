@@ -15,7 +15,7 @@ the clipping norm C, the loss or the verifier (Theorem 1).
   from it, never stored as the only truth.
 * :func:`replace_one_epsilon` and :func:`group_epsilon` account the same ledger directly under
   replace-one neighbours and for a group of k prompts (one person's problems), at the same delta
-  (:mod:`dpgrpo.privacy.group`); :mod:`dpgrpo.privacy.figures` labels them for the certificate.
+  (:mod:`dpgrpo.privacy.group`); :mod:`dpgrpo.privacy.neighbours` labels them for the certificate.
 * :func:`replace_one` and :func:`group_privacy` are the generic conversions of an (eps, delta)
   pair (Corollary 1, Proposition 1), for when only that pair is known.
 """

@@ -21,7 +21,7 @@ from dpgrpo.privacy.accounting import (
     accountant_version,
 )
 from dpgrpo.privacy.contributors import CONTRIBUTOR, unit_description
-from dpgrpo.privacy.figures import neighbour_figures
+from dpgrpo.privacy.neighbours import neighbour_figures
 from dpgrpo.privacy.noise import GENERATOR, noise_tail_delta
 from dpgrpo.privacy.record_coins import GENERATOR as RECORD_GENERATOR
 from dpgrpo.privacy.sampling import N_SOURCES
@@ -131,7 +131,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
     }
     if cfg.private and math.isfinite(eps):
         # replace-one and a person's k prompts, accounted at the same delta_pld, each delta
-        # with the noise-tail term at its own epsilon like the headline (privacy/figures.py)
+        # with the noise-tail term at its own epsilon like the headline (privacy/neighbours.py)
         cert.update(neighbour_figures(
             ledger.events, run.delta, cfg.privacy.group_sizes,
             tail=lambda e: noise_tail_delta(run.coordinates, ledger.rounds, e)))

@@ -92,7 +92,7 @@ def _release_readme(cert: dict[str, Any]) -> str:
     status = ("releasable" if cert.get("releasable") else
               "NOT releasable (seeded generators or a non-private arm)")
     protects = ""
-    if isinstance(cert.get("replace_one"), dict):  # what each figure protects (privacy/figures.py)
+    if isinstance(cert.get("replace_one"), dict):  # what each figure protects (privacy/neighbours.py)
         def fig(f: dict[str, Any]) -> str:
             return f"({f.get('epsilon'):.4g}, {f.get('delta'):.3g}) [{f.get('method')}]"
 

@@ -123,7 +123,7 @@ def compare_contributor(config: RunConfig, row: BudgetRow, name: str = "config",
                         cache: dict[tuple, Any] | None = None) -> ContributorComparison:
     """:class:`ContributorComparison` of a contributor-level configuration and its budget row."""
     from dpgrpo.privacy.accounting import RoundEvent
-    from dpgrpo.privacy.figures import neighbour_figure
+    from dpgrpo.privacy.neighbours import neighbour_figure
 
     data = replace(config.data, privacy_unit="prompt", contributors=None, n_slots=None)
     privacy = replace(config.privacy, delta=row.delta)  # calibrated (if so) at the same delta
