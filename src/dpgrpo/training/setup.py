@@ -19,7 +19,7 @@ import torch
 
 from dpgrpo.config import RunConfig
 from dpgrpo.errors import ConfigError
-from dpgrpo.privacy.budget import public_constants, public_slots
+from dpgrpo.privacy.budget import PublicConstants, public_constants, public_slots
 from dpgrpo.privacy.contributors import (
     CONTRIBUTOR,
     ProblemChooser,
@@ -43,11 +43,7 @@ class RunState:
     run_dir: Path
     device: torch.device
     slots: list[Any]              # n entries: (task, problem), a Contributor, or None (absent)
-    n: int
-    q: float
-    delta: float
-    sigma: float
-    clip_norm: float
+    public: PublicConstants       # n, m, q, delta, sigma, C (privacy.budget: their one resolver)
     sampler: PoissonSampler
     noise: NoiseSource
     policy: Any
@@ -70,6 +66,26 @@ class RunState:
     def layout(self) -> RunDir:
         """The run directory's paths (:class:`~dpgrpo.rundir.layout.RunDir`)."""
         return RunDir(self.run_dir)
+
+    @property
+    def n(self) -> int:
+        return self.public.n
+
+    @property
+    def q(self) -> float:
+        return self.public.q
+
+    @property
+    def delta(self) -> float:
+        return self.public.delta
+
+    @property
+    def sigma(self) -> float:
+        return self.public.sigma
+
+    @property
+    def clip_norm(self) -> float:
+        return self.public.clip_norm
 
     @property
     def expected_batch(self) -> float:
@@ -199,7 +215,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     task = get_task(config.data.task)
     slots, count = _slots(config, task, run_dir, ctx)
     public = public_constants(config, count.n, refuse_weak_delta=True)
-    n, q, delta, sigma, clip = public.n, public.q, public.delta, public.sigma, public.clip_norm
+    n, q, delta, sigma = public.n, public.q, public.delta, public.sigma
     p, steps = config.privacy, public.steps
     device = device_for(ctx, resolve_device(config.model.device))
     if config.train.rollout_engine == "vllm":  # refuse before any round, not at the first one
@@ -233,8 +249,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     if config.data.privacy_unit == CONTRIBUTOR:
         chooser = ProblemChooser(config.data.per_contributor,
                                  seed=derive_seed(seed, "chooser", ctx.rank))
-    return RunState(config=config, run_dir=run_dir, device=device, slots=slots, n=n, q=q,
-                    delta=delta, sigma=sigma, clip_norm=clip,
+    return RunState(config=config, run_dir=run_dir, device=device, slots=slots, public=public,
                     sampler=PoissonSampler(n, q, seed=seed),
                     noise=NoiseSource(seed=derive_seed(seed, "noise")),
                     policy=policy, optimizer=optimizer, task=task,
