@@ -70,8 +70,15 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     return float(brentq(lambda e: profile(e) - delta, 0.0, hi, xtol=1e-9))
 
 
+class _Record:
+    """A result as a JSON-able dict (``to_dict``), for the audit's report."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
-class GaussianFit:
+class GaussianFit(_Record):
     """Andrew et al.'s one-shot estimate from one statistic: mu and its epsilon at delta."""
 
     mu: float
@@ -81,8 +88,6 @@ class GaussianFit:
     sd_in: float
     sd_out: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def gaussian_fit(statistic: np.ndarray, included: np.ndarray, delta: float) -> GaussianFit:
@@ -156,7 +161,7 @@ def count_ceiling(r: int, v: int, *, confidence: float = 0.95) -> float:
 
 
 @dataclass(frozen=True)
-class Ceiling:
+class Ceiling(_Record):
     """What count-based one-run bounds can reach against the certified mechanism: the best
     fixed k's median :func:`count_ceiling` over simulated audits, and an oracle's median (one
     guessing exactly the included canaries sampled at least once, all correct)."""
@@ -169,8 +174,6 @@ class Ceiling:
     canaries: int
     trials: int
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @lru_cache(maxsize=16)
@@ -195,7 +198,7 @@ def ceiling_design(m: int, q: float, sigma: float, steps: int, confidence: float
 
 
 @dataclass(frozen=True)
-class OneRunBound:
+class OneRunBound(_Record):
     """Steinke et al.'s bound: m canaries scored, r guesses, v correct, how k was fixed."""
 
     epsilon_lower_bound: float
@@ -207,8 +210,6 @@ class OneRunBound:
     selection: str
     confidence: float
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def one_run_bound(scores: np.ndarray, included: np.ndarray, *, delta: float,
@@ -231,7 +232,7 @@ def one_run_bound(scores: np.ndarray, included: np.ndarray, *, delta: float,
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Calibration(_Record):
     """Audit mode's test: measured/certified mu and noise scale, and whether either is off."""
 
     mu: float
@@ -242,8 +243,6 @@ class Calibration:
     scale_tolerance: float      # on noise_scale - 1
     flagged: bool
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def calibration(rounds: np.ndarray, included: np.ndarray, *, sigma: float,
