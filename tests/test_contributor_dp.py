@@ -196,11 +196,10 @@ def test_a_contributor_record_is_clipped_at_c_in_the_trainer(tiny_model_dir, tmp
     noise std at sigma*C while a record can move the sum by k*C. In the trainer, every record
     reaching the mechanism is at most C after clipping, and the noise std is sigma*C."""
     from dpgrpo.privacy import mechanism
-    from dpgrpo.training import distributed
 
     clip = 1e-8  # below these gradients' norms (the KL term's, ~1e-6, from round 2 on)
     clipped, raw, stds = [], [], []
-    clip_per_record, noise_and_scale = mechanism.clip_per_record, distributed.noise_and_scale
+    clip_per_record, noise_and_scale = mechanism.clip_per_record, mechanism.noise_and_scale
 
     def spy_clip(grads, clip_norm):
         out = clip_per_record(grads, clip_norm)
@@ -214,7 +213,7 @@ def test_a_contributor_record_is_clipped_at_c_in_the_trainer(tiny_model_dir, tmp
                                expected_batch=expected_batch, noise=noise)
 
     monkeypatch.setattr(mechanism, "clip_per_record", spy_clip)
-    monkeypatch.setattr(distributed, "noise_and_scale", spy_noise)
+    monkeypatch.setattr(mechanism, "noise_and_scale", spy_noise)
     mapping = _mapping(tmp_path, people=6, per_person=4)
     cfg = tiny_config(tiny_model_dir, mapping, f"privacy.clip_norm={clip}",
                       "privacy.expected_batch=6", "train.steps=3")

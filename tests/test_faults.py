@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import dpgrpo.privacy.journal as journal_module
+import dpgrpo.release.write as release_write
 import dpgrpo.rundir.checkpoint as checkpoint
 import dpgrpo.training.trainer as trainer
 from dpgrpo.privacy.journal import scan
@@ -44,7 +45,7 @@ def kill_during(point: str) -> None:
         "state-half-written": lambda: _half_written(checkpoint.torch, "save", 2),
         "before-latest": lambda: kill_on_call(checkpoint, "atomic_write_text", 1, match=latest_4),
         "before-release": lambda: kill_on_call(trainer, "append_lines", 2),
-        "release-built": lambda: kill_on_call(checkpoint, "_build_release", 2, when="after"),
+        "release-built": lambda: kill_on_call(release_write, "_build_release", 2, when="after"),
         "release-moved-aside": lambda: kill_on_call(checkpoint.os, "replace", 1, when="after",
                                                     match=aside),
         # the journal: round 3's charge line torn mid-write in journal.jsonl (each charge is

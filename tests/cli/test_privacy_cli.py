@@ -66,7 +66,7 @@ def test_ledger_command_recomputes_epsilon(tmp_path):
 
 def test_verify_writes_record(tmp_path):
     record = tmp_path / "verify.json"
-    out = _dpgrpo("verify", "--group", "mechanism", "--json", str(record))
+    out = _dpgrpo("verify", "--group", "mechanism", "--out", str(record))
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads(record.read_text())
     names = {c["check"] for c in data["checks"]}
