@@ -225,7 +225,8 @@ class Reduce(Protocol):
     :func:`dpgrpo.training.distributed.across_ranks` the torch.distributed one.
     """
 
-    adds_noise: bool
+    @property
+    def adds_noise(self) -> bool: ...
 
     def total(self, part: ClippedSum) -> ClippedSum: ...
 
