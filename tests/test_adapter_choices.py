@@ -25,7 +25,7 @@ from dpgrpo.training.grads import (
     trainable_parameters,
 )
 from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer, exact_rmsnorm
-from test_grads import make_batch
+from test_grads import make_batch, make_rollouts
 
 REWARDS = torch.tensor([[1., 0, 0, 1], [0, 0, 0, 1], [1, 1, 0, 0]])
 
@@ -167,6 +167,81 @@ def test_keeping_the_public_a_starts_at_the_base_model(tok, tmp_path):
         ModelConfig(init_adapter_keep="A")
 
 
+def _own_logprobs(model, rollouts):
+    """The policy's own token log-probs (adapter on), as the loss's ratio sees them."""
+    from dpgrpo.objectives.logprobs import token_logprobs
+
+    with torch.no_grad():
+        return token_logprobs(model, rollouts.input_ids, rollouts.attention_mask,
+                              mask=rollouts.completion_mask, group_size=rollouts.group_size)
+
+
+def test_the_kl_reference_is_the_warm_start_unless_the_base_is_asked_for(tok, tmp_path):
+    """model.kl_reference = "start" (default): from a warm start, pi_ref is the warm-started
+    policy, so the KL term is zero at round 0 and stays anchored there as the adapter moves;
+    the adapter gets its own weights back bit for bit, also when the pass fails. "base" (the
+    adapter switched off, TRL's PEFT reference) pulls towards the base model instead. Without a
+    warm start both are the base model (a fresh adapter's lora_B is zero)."""
+    from dpgrpo.model import reference_policy
+    from dpgrpo.objectives.grpo import reference_logprobs
+
+    saved = _save_adapter(tok, tmp_path / "public", seed=3)
+    rollouts = make_rollouts(tok, 2, 3, seed=1)
+    warm = attach_lora(build_tiny_model(tok, dtype="float64"),
+                       LoraSettings(dropout=0.0, init_adapter=str(saved))).eval()
+    base = attach_lora(build_tiny_model(tok, dtype="float64"),
+                       LoraSettings(dropout=0.0, init_adapter=str(saved),
+                                    kl_reference="base")).eval()
+    start = _own_logprobs(warm, rollouts)
+    assert torch.equal(reference_logprobs(warm, rollouts), start)        # KL = 0 at round 0
+    with torch.no_grad(), base.disable_adapter():
+        off = _own_logprobs(base, rollouts)
+    assert torch.equal(reference_logprobs(base, rollouts), off)
+    assert float((start - off).abs().max()) > 1e-3                       # the two differ
+    with torch.no_grad():                                                # training moves it
+        for name, p in adapter_parameters(warm).items():
+            p.add_(0.1 if "lora_B" in name else 0.0)
+    moved = {n: p.detach().clone() for n, p in adapter_parameters(warm).items()}
+    assert torch.equal(reference_logprobs(warm, rollouts), start)        # still the start
+    assert all(torch.equal(p, moved[n]) for n, p in adapter_parameters(warm).items())
+    assert float((_own_logprobs(warm, rollouts) - start).abs().max()) > 1e-3
+    with pytest.raises(RuntimeError, match="mid-pass"), reference_policy(warm):
+        raise RuntimeError("mid-pass")
+    assert all(torch.equal(p, moved[n]) for n, p in adapter_parameters(warm).items())
+    fresh = attach_lora(build_tiny_model(tok, dtype="float64"), LoraSettings(dropout=0.0))
+    with torch.no_grad(), fresh.disable_adapter():
+        plain = _own_logprobs(fresh, rollouts)
+    assert torch.equal(reference_logprobs(fresh, rollouts), plain)
+    assert torch.equal(_own_logprobs(fresh, rollouts), plain)            # B = 0: start = base
+    with pytest.raises(ConfigError, match="kl_reference must be one of"):
+        ModelConfig(kl_reference="warm")
+
+
+def test_a_run_saved_before_kl_reference_resumes_with_its_old_reference(tmp_path):
+    """A run directory written before ``model.kl_reference`` existed: a warm-started run had
+    the adapter switched off as its reference, and resumes so; any other takes the default."""
+    from dpgrpo.config import config_from_dict
+    from dpgrpo.experiments.protocol import check_run_dir
+    from dpgrpo.rundir.layout import RunDir
+    from dpgrpo.rundir.resume import read_run_config
+
+    for init, expected in ((str(tmp_path / "public"), "base"), (None, "start")):
+        run = tmp_path / f"run-{expected}"
+        layout = RunDir(run)
+        layout.config_json.parent.mkdir(parents=True)
+        data = json.loads(json.dumps(config_from_dict({}).to_dict(public=False)))
+        data["model"].pop("kl_reference")
+        data["model"]["init_adapter"] = init
+        layout.config_json.write_text(json.dumps(data))
+        assert read_run_config(run).model.kl_reference == expected
+        new = config_from_dict({**data, "model": {**data["model"], "kl_reference": "start"}})
+        if expected == "base":      # a study with today's default does not resume it
+            with pytest.raises(ConfigError, match=r"differs in model\.kl_reference"):
+                check_run_dir(new, run)
+        else:
+            check_run_dir(new, run)
+
+
 def test_config_checks_the_adapter_options():
     with pytest.raises(ConfigError, match="lora_train must be one of"):
         ModelConfig(lora_train="A")
@@ -213,6 +288,7 @@ def test_a_private_run_starts_from_the_public_adapter_and_says_so(tiny_model_dir
     digest = hashlib.sha256((tmp_path / "public" / "adapter_model.safetensors").read_bytes())
     assert cert["adapter"]["init_adapter"]["sha256"] == digest.hexdigest()
     assert cert["adapter"]["lora_train"] == "B"
+    assert cert["adapter"]["kl_reference"] == "start"                # the warm start
     n_b = sum(v.numel() for k, v in released.items() if "lora_B" in k)
     assert cert["adapter"]["trainable_coordinates"] == cert["trainable_coordinates"] == n_b
     saved = json.loads((result.release_dir / "certificate.json").read_text())

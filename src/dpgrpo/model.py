@@ -4,8 +4,9 @@ A model name is one of: an alias (``smollm2-135m``), a local Hugging Face direct
 ``.gguf`` file, or a hub id (passed through to ``from_pretrained``; needs internet). Only the
 LoRA parameters are trainable (Section III-C, "Low-rank adaptation"): the base weights are
 public and never change, which :func:`base_weights_fingerprint` lets tests check. The
-reference policy of the KL term is the same model with the adapter disabled
-(``with policy.model.disable_adapter():``).
+reference policy of the KL term is the policy the run starts from (``model.kl_reference``,
+:func:`reference_policy`): the same model with the adapter disabled, or, from a public warm
+start, the model at the warm start's adapter weights.
 
 Loading a GGUF file dequantizes it (about 25 s for SmolLM2-135M). The dequantized weights and
 tokenizer are cached as safetensors under ``~/.cache/dpgrpo/`` (``DPGRPO_CACHE`` overrides
@@ -20,6 +21,8 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -78,12 +81,14 @@ class LoraSettings:
     bias: bool = _DEFAULT.lora_bias             # lora_B has a bias (PEFT's lora_bias)
     init_adapter: str | None = _DEFAULT.init_adapter  # public adapter folder to start from
     init_keep: str = _DEFAULT.init_adapter_keep  # config.INIT_KEEP: "all" or "A"
+    kl_reference: str = _DEFAULT.kl_reference  # config.KL_REFERENCE: "start" or "base"
 
     def __post_init__(self) -> None:
         checked = replace(_DEFAULT, lora_rank=self.rank, lora_alpha=self.alpha,
                           lora_dropout=self.dropout, target_modules=self.target_modules,
                           lora_layers=self.layers, lora_train=self.train, lora_bias=self.bias,
-                          init_adapter=self.init_adapter, init_adapter_keep=self.init_keep)
+                          init_adapter=self.init_adapter, init_adapter_keep=self.init_keep,
+                          kl_reference=self.kl_reference)
         object.__setattr__(self, "target_modules", checked.target_modules)
 
     @classmethod
@@ -93,7 +98,8 @@ class LoraSettings:
         return cls(rank=model.lora_rank, alpha=model.lora_alpha, dropout=model.lora_dropout,
                    target_modules=tuple(model.target_modules), layers=model.lora_layers,
                    train=model.lora_train, bias=model.lora_bias,
-                   init_adapter=model.init_adapter, init_keep=model.init_adapter_keep)
+                   init_adapter=model.init_adapter, init_keep=model.init_adapter_keep,
+                   kl_reference=model.kl_reference)
 
 
 @dataclass(frozen=True)
@@ -374,8 +380,54 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
     _keep_lora_precise(peft_model)
     if lora.init_adapter is not None:
         load_init_adapter(peft_model, lora.init_adapter, keep=lora.init_keep)
+        if lora.kl_reference == "start" and lora.init_keep == "all":
+            keep_reference(peft_model)
     freeze_adapter(peft_model, lora.train)
     return peft_model
+
+
+REFERENCE_ATTR = "_dpgrpo_reference"
+
+
+def keep_reference(model: Any) -> None:
+    """Make the adapter's weights as they are now the KL term's reference (a warm start).
+
+    A copy of every adapter weight is kept on the model; :func:`reference_policy` computes with
+    it. It is public: the warm start is public input, and the copy is taken before any round.
+    """
+    start = {n: p.detach().clone() for n, p in adapter_parameters(model).items()}
+    object.__setattr__(model, REFERENCE_ATTR, start)
+
+
+@contextmanager
+def reference_policy(model: Any) -> Iterator[None]:
+    """Run the enclosed no-grad passes as the KL term's reference policy pi_ref.
+
+    A model with a kept reference (:func:`keep_reference`: a warm start under
+    ``model.kl_reference = "start"``) computes with those adapter weights, and gets its own
+    back bit for bit afterwards, also on an error; any other PEFT model with its adapter
+    disabled (the base model: a fresh adapter's lora_B is zero, so it is also the start); a
+    plain model as it is.
+    """
+    start: dict[str, torch.Tensor] | None = getattr(model, REFERENCE_ATTR, None)
+    if start is None:
+        disable = getattr(model, "disable_adapter", None)
+        with disable() if disable is not None else nullcontext():
+            yield
+        return
+    params = adapter_parameters(model)
+    if set(params) != set(start):
+        raise ConfigError("the kept KL reference does not match the model's adapter weights")
+    now = {n: p.detach().clone() for n, p in params.items()}
+    try:
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(start[name])
+        yield
+    finally:
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(now[name])
 
 
 def _trains(name: str, train: str) -> bool:

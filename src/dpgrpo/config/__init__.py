@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dpgrpo.config.schema import (
     INIT_KEEP,
+    KL_REFERENCE,
     LORA_TRAIN,
     MAX_GROUP_SIZE,
     AuditConfig,
@@ -28,7 +29,7 @@ from dpgrpo.config.schema import (
 )
 
 __all__ = [
-    "INIT_KEEP", "LORA_TRAIN", "MAX_GROUP_SIZE",
+    "INIT_KEEP", "KL_REFERENCE", "LORA_TRAIN", "MAX_GROUP_SIZE",
     "AuditConfig", "DataConfig", "ModelConfig", "PrivacyConfig", "RunConfig", "TrainConfig",
     "apply_overrides", "config_from_dict", "embedded_default", "load_config",
     "load_protocol_config", "read_toml", "to_toml",

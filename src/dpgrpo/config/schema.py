@@ -31,6 +31,15 @@ LORA_TRAIN = {
     "bias": "lora_B's bias only: one vector of d_out per module added to its output "
             "(a steering vector); lora_A and lora_B's weight frozen",
 }  # certificate group figures cost about k^2 seconds at every checkpoint
+#: model.kl_reference -> the policy pi_ref of the KL term (Eq. 3)
+KL_REFERENCE = {
+    "start": "the policy the run starts from: the public warm start when model.init_adapter "
+             "keeps all its weights, else the base model (a fresh adapter's lora_B is zero, so "
+             "both are the same function); the standard GRPO reference (the initial policy)",
+    "base": "the base model with the adapter switched off (TRL's reference for a PEFT model), "
+            "also from a warm start: the KL term then pulls the run back from the warm start "
+            "towards the base",
+}
 #: model.init_adapter_keep -> which weights of the public warm start the run starts from
 INIT_KEEP = {
     "all": "every weight of the warm start (the run starts at the warm-started model)",
@@ -65,9 +74,15 @@ class ModelConfig:
     init_adapter: str | None = None
     # Which of the warm start's weights to keep (INIT_KEEP): "all", or "A" (lora_B reset to 0).
     init_adapter_keep: str = "all"
+    # The KL term's reference policy (KL_REFERENCE): "start" (the policy the run starts from,
+    # the warm start if there is one) or "base" (the adapter switched off, as TRL does for PEFT).
+    kl_reference: str = "start"
 
     def __post_init__(self) -> None:
         check_finite(self, "model")
+        if self.kl_reference not in KL_REFERENCE:
+            raise ConfigError(f"model.kl_reference must be one of {', '.join(KL_REFERENCE)}, "
+                              f"not {self.kl_reference!r}")
         if not self.lora_alpha > 0:
             raise ConfigError(f"model.lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:

@@ -265,10 +265,13 @@ def check_existing(spec: RunSpec) -> None:
 def check_run_dir(config: RunConfig, run_dir: Path) -> None:
     """Raise ConfigError if ``run_dir`` holds a run trained with a config other than ``config``.
 
-    A config saved by an earlier dpgrpo lacks the keys added since; each counts as its default
-    (which reproduces the behaviour before the key existed), so such a run is refused only if
-    the new config sets one of them otherwise.
+    A config saved by an earlier dpgrpo lacks the keys added since; each counts as the value
+    its run ran under (:func:`dpgrpo.rundir.resume.as_written`: the default, unless the
+    behaviour before the key differs from it), so such a run is refused only if the new config
+    sets one of them otherwise.
     """
+    from dpgrpo.rundir.resume import as_written
+
     layout = RunDir(run_dir)
     for path, public in ((layout.config_json, False), (layout.public_config_path, True)):
         saved = read_json_or_none(path)
@@ -276,7 +279,7 @@ def check_run_dir(config: RunConfig, run_dir: Path) -> None:
             continue
         wanted = json.loads(json.dumps(config.to_dict(public=public)))
         defaults = json.loads(json.dumps(RunConfig().to_dict(public=public)))
-        diff = _differences(_with_defaults(saved, defaults), wanted)
+        diff = _differences(_with_defaults(as_written(saved), defaults), wanted)
         if diff:
             raise ConfigError(f"{run_dir} was trained with another config (differs in "
                               f"{', '.join(diff)}); use another output folder or the same "

@@ -15,7 +15,6 @@ DAPO's ``epsilon_high``) would never bind and is not implemented (``docs/coming-
 from __future__ import annotations
 
 import os
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 
 from dpgrpo.config.losses import LOSS_TYPES, refuse
 from dpgrpo.errors import ConfigError
+from dpgrpo.model import reference_policy
 from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform, window_logprobs
 from dpgrpo.objectives.logprobs import token_logprobs
 
@@ -177,7 +177,8 @@ def prompt_row_chunks(num_rows: int, rows_per_prompt: int,
 
 def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
                        batch_size: int | None = None) -> torch.Tensor:
-    """Reference-policy token log-probs (adapter disabled, no grad): (B*G, L), Eq. (3)'s pi_ref.
+    """Reference-policy token log-probs (no grad): (B*G, L), Eq. (3)'s pi_ref, the policy of
+    :func:`dpgrpo.model.reference_policy` (the run's start: the base, or a public warm start).
 
     ``rollouts`` is a RolloutBatch or TrainBatch. Each forward holds at most ``batch_size`` rows
     of ONE prompt on that prompt's own columns, so a prompt's reference log-probs are the same
@@ -186,8 +187,7 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
     ids, attn, mask, per_prompt = _layout(rollouts)
     dtype = torch.promote_types(next(policy_model.parameters()).dtype, torch.float32)
     out = torch.zeros(ids.shape, dtype=dtype, device=ids.device)
-    disable = getattr(policy_model, "disable_adapter", None)
-    with torch.no_grad(), (disable() if disable is not None else nullcontext()):
+    with torch.no_grad(), reference_policy(policy_model):
         for rows in prompt_row_chunks(ids.shape[0], per_prompt, batch_size):
             used = attn[rows].bool().any(dim=0).nonzero()
             if len(used) == 0:

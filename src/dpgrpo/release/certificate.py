@@ -79,7 +79,7 @@ def adapter_statement(model: ModelConfig, coordinates: int,
                       init_sha256: str | None = None) -> dict[str, Any]:
     """What the adapter trains, what stays frozen and where it started (the certificate's
     ``adapter``): every coordinate of ``trainable_coordinates`` is noised every round."""
-    from dpgrpo.config import LORA_TRAIN
+    from dpgrpo.config import KL_REFERENCE, LORA_TRAIN
 
     init = None if model.init_adapter is None else {
         "path": model.init_adapter, "sha256": init_sha256, "keep": model.init_adapter_keep,
@@ -90,7 +90,8 @@ def adapter_statement(model: ModelConfig, coordinates: int,
             "trainable_coordinates": coordinates, "lora_rank": model.lora_rank,
             "lora_bias": model.lora_bias, "target_modules": list(model.target_modules),
             "lora_layers": None if model.lora_layers is None else list(model.lora_layers),
-            "init_adapter": init}
+            "init_adapter": init, "kl_reference": model.kl_reference,
+            "kl_reference_is": KL_REFERENCE[model.kl_reference]}
 
 
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def read_run_config(run_dir: Path) -> RunConfig:
             data = read(path)
             if not isinstance(data, dict):
                 raise ValueError("not a table of settings")
-            config = config_from_dict(data, source=str(path))
+            config = config_from_dict(as_written(data), source=str(path))
         except (OSError, UnicodeDecodeError, ValueError, TypeError, DPGRPOError) as err:
             problems.append(f"{path} is damaged ({' '.join(str(err).split())[:160]})")
             continue
@@ -56,6 +56,18 @@ def read_run_config(run_dir: Path) -> RunConfig:
             log.warning("%s; using %s", problem, path)
         return config
     raise RecoveryError("; ".join(problems) + ": the run's config cannot be recovered")
+
+
+def as_written(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config with the settings its run ran under, where a key is newer than the run.
+
+    ``model.kl_reference`` (0.2.x): a run saved without it that started from a warm start took
+    its KL reference with the adapter switched off, so it resumes with ``"base"``.
+    """
+    model = data.get("model")
+    if isinstance(model, dict) and "kl_reference" not in model and model.get("init_adapter"):
+        return {**data, "model": {**model, "kl_reference": "base"}}
+    return data
 
 
 @dataclass(frozen=True)
