@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dpgrpo.cli import app
@@ -147,6 +148,12 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert record["warm_start_gain_pp"] == (record["warm_start_accuracy"]
                                             - arms["base"]["accuracy"]["strict"])
     assert "warm-start" in arms and len(record["dp_vs_warm_start_ci"]) == 2
+    # the control against its own start (what noise and the KL term alone do to it)
+    assert record["control_vs_warm_start_pp"] == pytest.approx(
+        arms["zero-advantage"]["accuracy"]["strict"] - record["warm_start_accuracy"])
+    assert len(record["control_vs_warm_start_ci"]) == 2 and "control against the same" in page
+    assert json.loads((out / "runs/dp-grpo-seed1/release/certificate.json").read_text())[
+        "adapter"]["kl_reference"] == "start"
     assert "public warm start" in page
     assert {"public warm start: train", "public warm start: evaluate"} <= set(steps)
     # a rerun finds everything done: the same results, no new training

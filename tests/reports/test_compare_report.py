@@ -211,3 +211,10 @@ def test_a_fixed_arm_pairs_with_every_seed_like_the_base(tmp_path: Path) -> None
     first, _ = run_compare(grpo + [warm], base, tmp_path / "first", settings=FAST, figures=False)
     row1 = next(r.result for r in first.contrasts if (r.comparator, r.scorer) == warm_row)
     assert row1.n_seed_pairs == 1 and row1.difference != row.difference
+    # every other arm against the fixed start (what training added to it), in the report too
+    assert {(r.arm, r.comparator) for r in cmp.versus_fixed} == {("dp-grpo", "warm-start")}
+    strict = next(r for r in cmp.versus_fixed if r.scorer == "strict")
+    assert strict.result.difference == row.difference
+    assert first.versus_fixed == ()
+    assert cmp.to_dict()["versus_fixed"][0]["comparator"] == "warm-start"
+    assert "## Each arm against `warm-start`" in (tmp_path / "fixed" / "report.md").read_text()

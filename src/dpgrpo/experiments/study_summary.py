@@ -12,7 +12,7 @@ from dpgrpo.privacy.planning import noise_to_signal
 
 
 def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str, Any]:
-    rows = report["contrasts"] + report["versus_base"]
+    rows = [*report["contrasts"], *report["versus_base"], *report.get("versus_fixed", [])]
     row = next((r for r in rows if r["arm"] == arm and r["comparator"] == comparator
                 and r["scorer"] == "strict"), None)
     if row is None:
@@ -59,8 +59,13 @@ def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_g
     base = next(a for a in report["arms"] if a["name"] == report["base"])["accuracy"]["strict"]
     over = _contrast(report, "dp-grpo", WARM_START)
     np_over = nonprivate_gain - (alone - base)
+    # the control against its own start: noise (and the KL term) alone, from the warm start
+    control = (_contrast(report, "zero-advantage", WARM_START)
+               if report.get("versus_fixed") else None)
     return {"warm_start_accuracy": alone, "warm_start_gain_pp": alone - base,
             "dp_vs_warm_start_pp": over["pp"], "dp_vs_warm_start_ci": over["ci"],
+            **({"control_vs_warm_start_pp": control["pp"],
+                "control_vs_warm_start_ci": control["ci"]} if control else {}),
             # undefined when non-private GRPO did not gain over its own start
             "retained_share_over_warm_start": (dp_gain - (alone - base)) / np_over
             if np_over > 0 else None}

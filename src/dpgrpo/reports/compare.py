@@ -52,7 +52,8 @@ def compare_arms(base: ArmResults, arms: Sequence[ArmResults],
     """Compute every accuracy and contrast of the report (Sections VII-E, VIII).
 
     ``fixed``: names of arms that are one fixed model, like the base (e.g. the study's public
-    warm start): paired with every seed of the other arm rather than with its first seed."""
+    warm start): paired with every seed of the other arm rather than with its first seed, and
+    every other arm is also contrasted with each of them (``versus_fixed``)."""
     everything = [base, *arms]
     if len({a.name for a in everything}) != len(everything):
         raise ConfigError("arm names must be distinct")
@@ -88,11 +89,13 @@ def compare_arms(base: ArmResults, arms: Sequence[ArmResults],
         adjusted = stats.adjust_family([c.result for c in contrasts])
         contrasts = [ContrastRow(c.arm, c.comparator, c.scorer, r)
                      for c, r in zip(contrasts, adjusted)]
+    starts = [a for a in arms if a.name in fixed]
     return Comparison(
         n_problems=int(base.n_tokens.shape[1]), base=base.name,
         focal=focal.name if focal else None, scorers=scorers,
         arms=tuple(summarize_arm(a) for a in everything), contrasts=tuple(contrasts),
-        versus_base=tuple(rows([(a, base) for a in arms])), settings=settings)
+        versus_base=tuple(rows([(a, base) for a in arms])), settings=settings,
+        versus_fixed=tuple(rows([(a, f) for f in starts for a in arms if a.name not in fixed])))
 
 
 def write_outputs(comparison: Comparison, out_dir: Path, *, write_json: bool = False,

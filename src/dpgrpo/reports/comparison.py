@@ -76,6 +76,8 @@ class Comparison:
     contrasts: tuple[ContrastRow, ...]               # focal vs each comparator (Table II)
     versus_base: tuple[ContrastRow, ...]             # each arm vs base (Fig. 2)
     settings: Settings = field(default_factory=Settings)
+    # each other arm vs each fixed arm (a public warm start: what training added to its start)
+    versus_fixed: tuple[ContrastRow, ...] = ()
 
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
@@ -89,6 +91,7 @@ class Comparison:
             "arms": [stats.jsonable(a.__dict__) for a in self.arms],
             "contrasts": [c.to_dict() for c in self.contrasts],
             "versus_base": [c.to_dict() for c in self.versus_base],
+            "versus_fixed": [c.to_dict() for c in self.versus_fixed],
         }
 
 

@@ -77,6 +77,9 @@ def _warm_start_lines(results: Mapping[str, Any]) -> list[str]:
                f"{100 * share:.0f}%." if share is not None else
                "; non-private GRPO did not gain over the warm start here, so no share of its "
                "gain is defined.")
+            + (f" The zero-advantage control against the same start: "
+               f"{_pp(s['control_vs_warm_start_pp'])} pp {_ci(s['control_vs_warm_start_ci'])} "
+               "(noise and the KL term alone)." if "control_vs_warm_start_pp" in s else "")
             + " The warm start reads only public data (the study refuses one on its own "
             "training split); the arms' certificates cover what they add to it."]
 
@@ -147,7 +150,7 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         "| contrast | pp | 95% CI | MDE | Holm p |", "| --- | ---: | --- | ---: | ---: |",
     ]
     shown = set()
-    for row in results["report"]["contrasts"] + results["report"]["versus_base"]:
+    for row in _rows(results["report"]):
         if row["scorer"] != "strict" or (row["arm"], row["comparator"]) in shown:
             continue                          # dp-grpo - base is in both lists
         shown.add((row["arm"], row["comparator"]))
@@ -174,6 +177,11 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _rows(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every contrast row of a comparison report (``versus_fixed``: none before it existed)."""
+    return [*report["contrasts"], *report["versus_base"], *report.get("versus_fixed", [])]
+
+
 def _perm(s: Mapping[str, Any], key: str) -> str:
     """", permutation p = .. (null 95% [.., ..])" when the study ran the test."""
     if f"{key}_p" not in s:
@@ -188,7 +196,7 @@ def _seeds(n: int) -> str:
 def _seed_spread(report: Mapping[str, Any], arm: str = "dp-grpo",
                  comparator: str = "zero-advantage") -> str:
     """Per-seed ``arm - comparator`` differences and their t-interval, with several seeds."""
-    row = next((r for r in report["contrasts"] + report["versus_base"] if r["arm"] == arm
+    row = next((r for r in _rows(report) if r["arm"] == arm
                 and r["comparator"] == comparator and r["scorer"] == "strict"), None)
     seeds = (row or {}).get("seeds") or {}
     diffs = seeds.get("diffs") or []

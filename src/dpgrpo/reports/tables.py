@@ -80,6 +80,19 @@ def versus_base_table(cmp: Comparison) -> str:
     return markdown_table(["Arm", *(f"{s} − {cmp.base} (pp)" for s in cmp.scorers)], rows)
 
 
+def versus_fixed_tables(cmp: Comparison) -> list[str]:
+    """For each fixed arm (a public warm start), every other arm minus it: report sections."""
+    out: list[str] = []
+    for start in dict.fromkeys(r.comparator for r in cmp.versus_fixed):
+        rows_ = [r for r in cmp.versus_fixed if r.comparator == start]
+        names = list(dict.fromkeys(r.arm for r in rows_))
+        table = markdown_table(["Arm", *(f"{s} − {start} (pp)" for s in cmp.scorers)],
+                               [[n, *_cells_by_scorer(rows_, n, cmp.scorers, "arm")]
+                                for n in names])
+        out += [f"## Each arm against `{start}` (a fixed starting model)", "", table, ""]
+    return out
+
+
 def tests_table(rows: Sequence[ContrastRow]) -> str:
     """Per-seed differences, seed sd and t interval, McNemar and Holm p, sign p (Table XI)."""
     out = []
@@ -129,6 +142,7 @@ def render_report(cmp: Comparison, figure_names: Sequence[str] = ()) -> str:
     if cmp.focal:
         parts += [f"## {cmp.focal} gain over each comparator", "", gain_table(cmp), ""]
     parts += ["## Each arm against the base", "", versus_base_table(cmp), "",
+              *versus_fixed_tables(cmp),
               "## Tests", "", tests_table(cmp.contrasts), "",
               "## Response length and cap rate", "", length_table(cmp), ""]
     if figure_names:
