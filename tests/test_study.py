@@ -267,6 +267,36 @@ def test_the_wall_time_counts_overlapping_steps_once(tmp_path: Path) -> None:
     assert steps.wall_of(lambda name: name != "a") == 10.0 + 5.0 + 2.0
 
 
+def test_tasks_start_once_what_they_start_from_is_done() -> None:
+    """The warm start runs beside the audits (no worker idles while it trains); every arm,
+    sweep point and the warm start's evaluation wait for it, each permutation test for its
+    audit; otherwise the list order (longest first) decides."""
+    from types import SimpleNamespace
+
+    from dpgrpo.experiments.study import _next_tasks, _prerequisite
+
+    st = SimpleNamespace(plan=SimpleNamespace(runs=[SimpleNamespace(name="dp-grpo-seed1"),
+                                                    SimpleNamespace(name="non-private-seed1")]))
+    names = ["warm-start", "private", "leaky", "dp-grpo-seed1", "non-private-seed1",
+             "sweep-eps64", "base", "warm-start-eval", "private-mia-permutation",
+             "leaky-mia-permutation"]
+    after = {n: _prerequisite(st, n, names) for n in names}
+    assert after == {"warm-start": None, "private": None, "leaky": None, "base": None,
+                     "dp-grpo-seed1": "warm-start", "non-private-seed1": "warm-start",
+                     "sweep-eps64": "warm-start", "warm-start-eval": "warm-start",
+                     "private-mia-permutation": "private", "leaky-mia-permutation": "leaky"}
+    assert _next_tasks(names, after, set(), 2) == ["warm-start", "private"]
+    rest = [n for n in names if n not in ("warm-start", "private")]
+    assert _next_tasks(rest, after, set(), 1) == ["leaky"]           # not an arm: it waits
+    assert _next_tasks(rest[1:], after, set(), 1) == ["base"]
+    assert _next_tasks(rest[1:], after, {"warm-start"}, 2) == ["dp-grpo-seed1",
+                                                                "non-private-seed1"]
+    assert _next_tasks(["leaky-mia-permutation"], after, {"private"}, 2) == []
+    # without a warm start nothing waits for one
+    plain = [n for n in names if not n.startswith("warm-start")]
+    assert all(_prerequisite(st, n, plain) is None for n in plain if "permutation" not in n)
+
+
 def test_seeds_sets_the_runs_of_every_trained_arm(tiny_model_dir: Path, tmp_path: Path) -> None:
     """`--seeds N` gives N runs of the private arms and of non-private GRPO (whose one run can
     take off or not: the study's non-private claim needs several)."""

@@ -18,10 +18,10 @@ task and SmolLM2-135M:
    certified epsilon;
 5. optionally (``--sweep``) DP-GRPO at larger epsilons, each contrasted with the control.
 
-With a ``[study.warm_start]`` table, a public warm start is trained first (overrides of the
-study's config that must move it off the study's training data, e.g. gold SFT without noise on
-a public benchmark) and every protocol arm starts from its adapter (``model.init_adapter``;
-each certificate records its path and sha256). It is evaluated beside the arms, so the page
+With a ``[study.warm_start]`` table, a public warm start is trained first, beside the audit
+tasks (overrides of the study's config that must move it off the study's training data, e.g.
+gold SFT without noise on a public benchmark), and every protocol arm starts from its adapter
+(``model.init_adapter``; each certificate records its path and sha256). It is evaluated beside the arms, so the page
 shows what the public data alone gives and what private training adds to it. The audit runs
 keep their own recipes and start from a fresh adapter.
 
@@ -60,7 +60,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, PrivacyError
@@ -248,9 +248,11 @@ def _base_steps(st: _Study, steps: Steps) -> None:
 def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     """The study's independent pieces of work, longest first (each resumable, each its own
     record of steps); the final pass then finds them done."""
-    tasks: dict[str, Callable[[Steps], Any]] = {
-        "private": lambda steps: _private_steps(st, steps),
-        "leaky": lambda steps: _leaky_steps(st, steps)}
+    tasks: dict[str, Callable[[Steps], Any]] = {}
+    if st.settings.warm_start:      # first: every protocol arm waits for it (_prerequisite)
+        tasks[WARM_START] = lambda steps: _warm_start_train(st, steps)
+    tasks["private"] = lambda steps: _private_steps(st, steps)
+    tasks["leaky"] = lambda steps: _leaky_steps(st, steps)
     if st.settings.dp_leaky:
         tasks["dp-leaky"] = lambda steps: _dp_leaky_steps(st, steps)
     for spec in st.plan.runs:
@@ -258,13 +260,34 @@ def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     for eps in st.settings.sweep if sweep else ():
         tasks[f"sweep-eps{eps:g}"] = functools.partial(_sweep_run, st.plan, eps)
     tasks["base"] = lambda steps: _base_steps(st, steps)
-    if st.settings.warm_start:      # trained before the tasks start (run_study)
+    if st.settings.warm_start:
         tasks[f"{WARM_START}-eval"] = lambda steps: _warm_start_eval(st, steps)
     for audit, what in _PERMUTED:   # last: by then the audits (first) have saved their features
         if audit != "dp-leaky-mia" or st.settings.dp_leaky:
             tasks[f"{audit}-permutation"] = functools.partial(_permutation_steps, st,
                                                               audit=audit, what=what)
     return tasks
+
+
+def _prerequisite(st: _Study, name: str, names: Sequence[str]) -> str | None:
+    """The task that must be done before task ``name`` starts, or None.
+
+    Every protocol arm, sweep point and the warm start's evaluation start from the warm
+    start's adapter; a permutation test refits the attack on its audit's saved features.
+    """
+    if name.endswith("-mia-permutation"):
+        return name.removesuffix("-mia-permutation")          # private, leaky, dp-leaky
+    if WARM_START in names and name != WARM_START and (
+            name == f"{WARM_START}-eval" or name.startswith("sweep-")
+            or any(spec.name == name for spec in st.plan.runs)):
+        return WARM_START
+    return None
+
+
+def _next_tasks(pending: Sequence[str], after: Mapping[str, str | None], done: set[str],
+                free: int) -> list[str]:
+    """Up to ``free`` pending tasks whose prerequisite is done, in priority (list) order."""
+    return [n for n in pending if after.get(n) is None or after[n] in done][:free]
 
 
 #: The DIBA audits that get a permutation test, with the name of their step.
@@ -295,9 +318,9 @@ def _run_tasks(st: _Study, overrides: dict[str, Any], sweep: bool, say: Say,
     """Every task, in this process or (``study.workers`` > 1) in that many worker processes
     at once, each with ``cores // workers`` torch threads."""
     import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    names = list(_tasks(st, sweep))
+    names = list(_tasks(st, sweep))       # priority order; each after its prerequisite
     workers = min(st.settings.workers, len(names))
     if workers == 1:
         tasks = _tasks(st, sweep)
@@ -306,15 +329,25 @@ def _run_tasks(st: _Study, overrides: dict[str, Any], sweep: bool, say: Say,
         return
     threads = max(1, _cores() // workers)
     say(f"{len(names)} tasks on {workers} workers, {threads} thread(s) each")
+    after = {name: _prerequisite(st, name, names) for name in names}
+    pending, running, done = list(names), dict[Any, str](), set[str]()
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_worker, str(st.config_path), str(st.out), overrides, name, sweep,
-                               threads, verbose) for name in names]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [f for f in done if f.exception() is not None]
-        if failed:
-            say("a task failed: waiting for the running ones (every task is resumable)")
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise failed[0].exception()
+        while pending or running:
+            for name in _next_tasks(pending, after, done, workers - len(running)):
+                pending.remove(name)
+                running[pool.submit(_worker, str(st.config_path), str(st.out), overrides,
+                                    name, sweep, threads, verbose)] = name
+            if not running:   # cannot happen with _prerequisite's tasks; never spin
+                raise ConfigError(f"study tasks {pending} wait for tasks that never run")
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                name = running.pop(future)
+                if future.exception() is not None:
+                    say(f"task {name} failed: waiting for the running ones (every task is "
+                        "resumable)")
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    raise future.exception()  # type: ignore[misc]
+                done.add(name)
 
 
 def run_study(config_path: str | Path, out_dir: str | Path, *,
@@ -339,8 +372,6 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     st = _Study.load(config_path, out_dir, overrides)
     settings, plan, out = st.settings, st.plan, st.out
     with RunLock(out / "steps", what="study folder"):
-        if settings.warm_start:   # first, here: every protocol arm starts from its adapter
-            _warm_start_train(st, Steps(say, out / "steps" / f"{WARM_START}.json"))
         _run_tasks(st, overrides, sweep, say, verbose)
         steps = Steps(say, out / "steps.json",
                       others=sorted((out / "steps").glob("*.json")))
