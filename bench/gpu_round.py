@@ -284,7 +284,7 @@ def main() -> None:
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(params.values(), lr=3e-4)
     rows = TrainConfig(group_size=args.group, max_new_tokens=args.cap,
-                       max_tokens_per_pass=args.max_tokens_per_pass).rows_per_pass(args.cap)
+                       max_tokens_per_pass=args.max_tokens_per_pass).pass_rows(args.cap)
     cfg = base.config
     ro = phases.run("rollouts", lambda: rollouts(
         model, args.prompts, args.group, args.cap, args.prompt_len, args.rollout_rows, 0.7,

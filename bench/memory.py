@@ -105,7 +105,7 @@ def run_case(case: str, prompts: int, group: int, length: int, threads: int,
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(params.values(), lr=1e-5)
     rows = TrainConfig(group_size=group, max_new_tokens=length,
-                       max_tokens_per_pass=max_tokens_per_pass).rows_per_pass(length)
+                       max_tokens_per_pass=max_tokens_per_pass).pass_rows(length)
     rewards = torch.randint(0, 2, (prompts, group),
                             generator=torch.Generator().manual_seed(2)).float()
     with PeakRSS() as mem:

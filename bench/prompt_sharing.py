@@ -94,7 +94,7 @@ def main() -> None:
     problems = load_problems(task, "train", config.data.data_dir)[:args.prompts]
     ro = synthetic_rollouts(tok, len(problems), train.group_size, cap,
                             messages=[task.prompt(p) for p in problems])
-    rows = train.rows_per_pass(cap)
+    rows = train.pass_rows(cap)
     method = "reference" if m.lora_layers is not None or m.gradient_checkpointing else "fast"
     rewards = torch.rand((ro.num_prompts, ro.group_size),
                          generator=torch.Generator().manual_seed(2)).round()

@@ -219,7 +219,8 @@ def test_the_kl_reference_is_the_warm_start_unless_the_base_is_asked_for(tok, tm
 
 def test_a_run_saved_before_kl_reference_resumes_with_its_old_reference(tmp_path):
     """A run directory written before ``model.kl_reference`` existed: a warm-started run had
-    the adapter switched off as its reference, and resumes so; any other takes the default."""
+    the adapter switched off as its reference, and resumes so; any other takes the default.
+    Its ``train.chunk_size`` is read as ``train.rows_per_pass``."""
     from dpgrpo.config import config_from_dict
     from dpgrpo.experiments.protocol import check_run_dir
     from dpgrpo.rundir.layout import RunDir
@@ -232,9 +233,13 @@ def test_a_run_saved_before_kl_reference_resumes_with_its_old_reference(tmp_path
         data = json.loads(json.dumps(config_from_dict({}).to_dict(public=False)))
         data["model"].pop("kl_reference")
         data["model"]["init_adapter"] = init
+        data["train"].pop("rows_per_pass")
+        data["train"]["chunk_size"] = 3                  # train.rows_per_pass's old name
         layout.config_json.write_text(json.dumps(data))
         assert read_run_config(run).model.kl_reference == expected
-        new = config_from_dict({**data, "model": {**data["model"], "kl_reference": "start"}})
+        assert read_run_config(run).train.rows_per_pass == 3
+        new = config_from_dict({**data, "model": {**data["model"], "kl_reference": "start"},
+                                "train": read_run_config(run).to_dict(public=False)["train"]})
         if expected == "base":      # a study with today's default does not resume it
             with pytest.raises(ConfigError, match=r"differs in model\.kl_reference"):
                 check_run_dir(new, run)

@@ -154,3 +154,17 @@ def test_non_utf8_toml_is_one_line_naming_the_file(tmp_path):
     with pytest.raises(ConfigError, match="not UTF-8") as info:
         load_config(path)
     assert str(path) in str(info.value)
+
+
+def test_one_setting_sizes_a_pass():
+    """train.rows_per_pass (rows of one prompt per training/reference pass), else the token
+    budget train.max_tokens_per_pass over the completion cap; the old name is refused."""
+    from dpgrpo.config import TrainConfig
+
+    assert TrainConfig().pass_rows(48) == 512 // 48
+    assert TrainConfig(max_tokens_per_pass=64).pass_rows(48) == 1
+    assert TrainConfig(rows_per_pass=3).pass_rows(48) == 3
+    with pytest.raises(ConfigError, match="rows_per_pass must be >= 1"):
+        TrainConfig(rows_per_pass=0)
+    with pytest.raises(ConfigError, match="unknown key 'train.chunk_size'"):
+        load_config(None, ["train.chunk_size=2"])

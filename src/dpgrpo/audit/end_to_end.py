@@ -91,7 +91,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
         batch, _ = arm.batch(plan.prompts, coins=coins)
         grads = sum_within_records(per_prompt_grads(
             run.model, arm.objective, batch.to(run.device), method=_grad_method(config),
-            rows_per_pass=config.train.rows_per_pass(arm.cap),
+            rows_per_pass=config.train.pass_rows(arm.cap),
             dropout_seeds=coins.seeds("dropout")), plan)
         present = [slot_of[int(s)] for s in sampled if int(s) in slot_of]
         present = [i for i in present if included[i]]

@@ -232,7 +232,8 @@ class TrainConfig:
     # "auto": the fast LoRA-hook path, or the reference path under gradient checkpointing
     # (autograd then saves only each layer's input: ~6x less memory than the hooks' stashes)
     grad_method: str = "auto"
-    chunk_size: int | None = None  # rows of one prompt per backward (default: from the budget)
+    # rows of ONE prompt per training/reference pass (default: from max_tokens_per_pass below)
+    rows_per_pass: int | None = None
     rollout_batch_size: int | None = None  # rows per generate call (default: 16 passes' rows)
     checkpoint_every: int = 10  # rounds between checkpoints (recovery/) and releases (release/)
     clip_nonprivate: bool = True  # non-private arm: keep clipping at C
@@ -257,11 +258,11 @@ class TrainConfig:
     # releasable run refuses them with "wandb" (off the machine).
     public_timings: bool = False
 
-    def rows_per_pass(self, cap: int) -> int:
+    def pass_rows(self, cap: int) -> int:
         """Rows per training/reference pass for completion cap ``cap`` (public values only):
-        ``chunk_size`` if set, else ``max(1, max_tokens_per_pass // cap)``."""
-        if self.chunk_size is not None:
-            return self.chunk_size
+        ``rows_per_pass`` if set, else ``max(1, max_tokens_per_pass // cap)``."""
+        if self.rows_per_pass is not None:
+            return self.rows_per_pass
         return max(1, self.max_tokens_per_pass // max(1, cap))
 
     def engine_options(self) -> dict[str, object]:
@@ -273,7 +274,7 @@ class TrainConfig:
         whole groups of G."""
         if self.rollout_batch_size is not None:
             return self.rollout_batch_size
-        return max(self.group_size, 16 * self.rows_per_pass(cap) // self.group_size * self.group_size)
+        return max(self.group_size, 16 * self.pass_rows(cap) // self.group_size * self.group_size)
 
     def __post_init__(self) -> None:
         spec = arm_spec(self.arm)  # ConfigError naming train.arm for an unknown arm
@@ -309,7 +310,7 @@ class TrainConfig:
                               "so with G = 1 every advantage is zero; use G >= 2")
         if self.max_tokens_per_pass < 1:
             raise ConfigError(f"train.max_tokens_per_pass must be >= 1, got {self.max_tokens_per_pass}")
-        for name in ("chunk_size", "rollout_batch_size"):
+        for name in ("rows_per_pass", "rollout_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         from dpgrpo.training.metrics import BACKENDS

@@ -51,7 +51,7 @@ CRASHES = (
     "covered by this guarantee only insofar as crashes are independent of the private data; a "
     "data-triggered crash (e.g. out of memory on one long rollout) can reveal something about "
     "the records sampled in that round. Use settings that cannot run out of memory at the "
-    "worst case (train.max_new_tokens, train.rollout_batch_size, train.chunk_size sized for G "
+    "worst case (train.max_new_tokens, train.rollout_batch_size, train.rows_per_pass sized for G "
     "completions of the longest prompt at the token cap).")
 
 

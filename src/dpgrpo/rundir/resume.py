@@ -61,13 +61,19 @@ def read_run_config(run_dir: Path) -> RunConfig:
 def as_written(data: dict[str, Any]) -> dict[str, Any]:
     """A saved config with the settings its run ran under, where a key is newer than the run.
 
-    ``model.kl_reference`` (0.2.x): a run saved without it that started from a warm start took
-    its KL reference with the adapter switched off, so it resumes with ``"base"``.
+    - ``model.kl_reference`` (0.2.x): a run saved without it that started from a warm start
+      took its KL reference with the adapter switched off, so it resumes with ``"base"``;
+    - ``train.rows_per_pass`` (0.2.x) was ``train.chunk_size``.
     """
-    model = data.get("model")
+    out = dict(data)
+    model = out.get("model")
     if isinstance(model, dict) and "kl_reference" not in model and model.get("init_adapter"):
-        return {**data, "model": {**model, "kl_reference": "base"}}
-    return data
+        out["model"] = {**model, "kl_reference": "base"}
+    train = out.get("train")
+    if isinstance(train, dict) and "chunk_size" in train:
+        renamed = {k: v for k, v in train.items() if k != "chunk_size"}
+        out["train"] = {**renamed, "rows_per_pass": train["chunk_size"]}
+    return out
 
 
 @dataclass(frozen=True)

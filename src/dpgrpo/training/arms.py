@@ -87,7 +87,7 @@ class Arm:
         adv = compute_advantages(rewards, self.spec.advantage, generator=generator, coins=shuffle,
                                  scale=self.train.scale_rewards == "group")
         ref = (reference_logprobs(self.model, rollouts,
-                                  batch_size=self.train.rows_per_pass(self.cap))
+                                  batch_size=self.train.pass_rows(self.cap))
                if self.train.beta > 0 else None)
         self.laps.mark("reference")
         return build_grpo_batch(rollouts, rewards, adv, ref,

@@ -216,7 +216,7 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
                             f"{run.run_dir}") from None
     grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
                              method=_grad_method(run.config),
-                             rows_per_pass=run.config.train.rows_per_pass(arm.cap),
+                             rows_per_pass=run.config.train.pass_rows(arm.cap),
                              dropout_seeds=coins.seeds("dropout"))    # line 6
     grads = sum_within_records(grads, plan)                           # one gradient per record
     laps.mark("gradients")

@@ -34,14 +34,15 @@ def _setup():
     return model, tok, rollouts, rewards, ref
 
 
-def _grads(rewards: torch.Tensor, method: str = "fast", chunk_size: int | None = None,
+def _grads(rewards: torch.Tensor, method: str = "fast", rows_per_pass: int | None = None,
            rollouts=None) -> dict[str, torch.Tensor]:
     model, _, default_rollouts, _, ref = _setup()
     rollouts = rollouts or default_rollouts
     if rollouts is not default_rollouts:
         ref = reference_logprobs(model, rollouts)
     batch = build_grpo_batch(rollouts, rewards, group_advantages(rewards), ref)
-    return per_prompt_grads(model, GRPOObjective(), batch, method=method, rows_per_pass=chunk_size)
+    return per_prompt_grads(model, GRPOObjective(), batch, method=method,
+                            rows_per_pass=rows_per_pass)
 
 
 def _max_rel(a: dict, b: dict) -> float:
