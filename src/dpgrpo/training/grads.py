@@ -255,20 +255,19 @@ class _LoraHooks:
         self.handles.append(module.register_forward_pre_hook(
             lambda mod, args: slot.__setitem__("x", args[0])))
         # _is_lora_layer checked lora_A; PEFT's LoRA layers hold lora_B/lora_dropout alike
-        lora_a_dict = cast(torch.nn.ModuleDict, module.lora_A)
-        lora_b_dict = cast(torch.nn.ModuleDict, module.lora_B)
-        dropout_dict = cast(torch.nn.ModuleDict, module.lora_dropout)
-        for adapter, lora_a in lora_a_dict.items():
-            lora_b = lora_b_dict[adapter]
+        for adapter, lora_a in cast(torch.nn.ModuleDict, module.lora_A).items():
+            lora_b = cast(torch.nn.ModuleDict, module.lora_B)[adapter]
             names_a = self._names(f"{mname}.lora_A.{adapter}", lora_a)
             names_b = self._names(f"{mname}.lora_B.{adapter}", lora_b)
             if not (names_a or names_b):
                 continue
             covered |= set(names_a.values()) | set(names_b.values())
+            dropout_dict = cast(torch.nn.ModuleDict, module.lora_dropout)
             dropout = dropout_dict[adapter]
             p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
             if not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
                 raise ConfigError(f"unsupported LoRA dropout {type(dropout).__name__} in {mname}")
+
             def record_mask(m: torch.Tensor | None, s: dict[str, Any] = slot) -> None:
                 s.__setitem__("mask", m)
 
