@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -334,11 +334,13 @@ def load_base_model(name: str, dtype: str | torch.dtype = "float32",
         model = AutoModelForCausalLM.from_pretrained(
             source.location, gguf_file=source.gguf_file, dtype=torch.float32,
             quantization_config=GgufConfig(dequantize=True))  # plain dense weights
-        if getattr(model, "hf_quantizer", None) is not None:
-            model.hf_quantizer.remove_quantization_config(model)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
         if cache is not None:
             _write_cache(cache / "model", model)
-        model = model.to(torch_dtype)
+        # transformers types PreTrainedModel.to as @wraps(Module.to): call it as a Module's
+        model = cast(torch.nn.Module, model).to(torch_dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype)
     model.requires_grad_(False)
@@ -368,7 +370,9 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
         if not total or any(not -total <= i < total for i in lora.layers):
             raise ConfigError(f"model.lora_layers {list(lora.layers)} out of range for a model "
                               f"with {total} decoder layers")
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+    config = LoraConfig(r=lora.rank,
+                        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft: int, used as float
+                        lora_dropout=lora.dropout,
                         target_modules=list(lora.target_modules), bias="none",
                         task_type="CAUSAL_LM", layers_to_transform=layers,
                         lora_bias=lora.bias)

@@ -17,6 +17,7 @@ released: the run directory is scratch space for the slots ``build_run`` writes.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from dpgrpo.audit.whitebox import MECHANISMS, AuditSetup, Observation
 from dpgrpo.errors import ConfigError
 
 
-def _named_rows(rows: torch.Tensor, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _named_rows(rows: torch.Tensor, params: Mapping[str, torch.Tensor]
+                ) -> dict[str, torch.Tensor]:
     """Split (B, d) canary rows into per-tensor (B, *shape) gradients, in parameter order."""
     out, start = {}, 0
     for name, p in params.items():
@@ -38,7 +40,7 @@ def _named_rows(rows: torch.Tensor, params: dict[str, torch.Tensor]) -> dict[str
     return out
 
 
-def _flat(tensors: dict[str, torch.Tensor], names: list[str]) -> np.ndarray:
+def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> np.ndarray:
     return torch.cat([tensors[k].detach().reshape(-1).double().cpu() for k in names]).numpy()
 
 

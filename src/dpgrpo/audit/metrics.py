@@ -10,6 +10,7 @@ non-members; a higher score means "more likely a member".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -149,6 +150,7 @@ def mean_metrics(folds: list[AttackMetrics]) -> AttackMetrics:
         tpr_at_fpr={k: float(np.mean([m.tpr_at_fpr[k] for m in folds])) for k in keys},
         n_members=sum(m.n_members for m in folds),
         n_nonmembers=sum(m.n_nonmembers for m in folds),
-        balanced_accuracy=None if any(b is None for b in bal) else float(np.mean(bal)),
+        balanced_accuracy=(None if any(b is None for b in bal)
+                           else float(np.mean(cast(list[float], bal)))),
         extra={"auc_std": float(np.std([m.auc for m in folds]))},
     )

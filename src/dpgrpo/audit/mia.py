@@ -194,7 +194,8 @@ def permutation_test(features: np.ndarray, labels: np.ndarray, *, permutations: 
     return PermutationTest(observed.pooled.auc, null, seed)
 
 
-def hardness_split(ft_score: Sequence[float], base_score: Sequence[float]) -> np.ndarray:
+def hardness_split(ft_score: Sequence[float] | np.ndarray,
+                   base_score: Sequence[float] | np.ndarray) -> np.ndarray:
     """Table 3's subset of each candidate: All-1, All-0 or Residual (array of names)."""
     ft = np.asarray(ft_score, dtype=np.float64)
     base = np.asarray(base_score, dtype=np.float64)
@@ -226,7 +227,8 @@ class SubsetResult:
         }
 
 
-def evaluate_by_hardness(features: np.ndarray, labels: np.ndarray, subsets: Sequence[str], *,
+def evaluate_by_hardness(features: np.ndarray, labels: np.ndarray,
+                         subsets: Sequence[str] | np.ndarray, *,
                          n_folds: int = 5, seed: int = 0, n_estimators: int = 100,
                          min_per_class: int = 3,
                          unified: CVResult | None = None) -> list[SubsetResult]:

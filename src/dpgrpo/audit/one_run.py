@@ -31,12 +31,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeAlias
 
 import numpy as np
 from scipy import special, stats
 
+#: One value per canary, as a sequence or an array (each is read with ``np.asarray``).
+_Floats: TypeAlias = "Sequence[float] | np.ndarray"
+_Ints: TypeAlias = "Sequence[int] | np.ndarray"
+_Bools: TypeAlias = "Sequence[bool] | np.ndarray"
 
-def make_guesses(scores: Sequence[float], *, k_plus: int, k_minus: int) -> np.ndarray:
+
+def make_guesses(scores: _Floats, *, k_plus: int, k_minus: int) -> np.ndarray:
     """Guesses in {-1, 0, +1}: +1 for the ``k_plus`` highest scores, -1 for the ``k_minus`` lowest.
 
     Ties are broken by canary index (a stable sort), which does not depend on the secret bits.
@@ -56,7 +62,7 @@ def make_guesses(scores: Sequence[float], *, k_plus: int, k_minus: int) -> np.nd
     return guesses
 
 
-def count_correct(guesses: Sequence[int], included: Sequence[bool]) -> tuple[int, int]:
+def count_correct(guesses: _Ints, included: _Bools) -> tuple[int, int]:
     """``(r, v)``: the number of non-abstaining guesses and how many of them are correct."""
     g = np.asarray(guesses).astype(int).ravel()
     b = np.where(np.asarray(included).astype(bool).ravel(), 1, -1)
@@ -110,7 +116,7 @@ def lower_bound_from_counts(m: int, r: int, v: int, *, delta: float, confidence:
     return lo
 
 
-def epsilon_lower_bound(scores: Sequence[float], included: Sequence[bool], *, k_plus: int,
+def epsilon_lower_bound(scores: _Floats, included: _Bools, *, k_plus: int,
                         k_minus: int, delta: float, confidence: float = 0.95) -> float:
     """The one-run empirical epsilon lower bound of Steinke, Nasr and Jagielski (2023).
 
@@ -143,7 +149,7 @@ class OneRunResult:
         return asdict(self)
 
 
-def one_run_audit(scores: Sequence[float], included: Sequence[bool], *, k_plus: int,
+def one_run_audit(scores: _Floats, included: _Bools, *, k_plus: int,
                   k_minus: int, delta: float, confidence: float = 0.95,
                   tests: int = 1) -> OneRunResult:
     """:func:`epsilon_lower_bound` with its counts; ``tests > 1`` tests at level beta / tests."""
@@ -154,7 +160,7 @@ def one_run_audit(scores: Sequence[float], included: Sequence[bool], *, k_plus: 
     return OneRunResult(len(guesses), k_plus, k_minus, r, v, delta, confidence, eps, tests)
 
 
-def sweep_lower_bound(scores: Sequence[float], included: Sequence[bool], *,
+def sweep_lower_bound(scores: _Floats, included: _Bools, *,
                       ks: Sequence[tuple[int, int]], delta: float,
                       confidence: float = 0.95) -> OneRunResult:
     """The best bound over several ``(k_plus, k_minus)`` choices, Bonferroni-corrected.

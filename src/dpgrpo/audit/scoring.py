@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -214,6 +214,8 @@ def gold_baseline_scores(model: Any, tokenizer: Any, task: Any, problems: Sequen
                                     batch_size=batch_size)
         mask = score.bool().numpy()
         mask[:, 0] = False
-        parts.append(baseline_scores(TokenStats(lp_ft, h_ft, mask), TokenStats(lp_b, h_b, mask),
-                                     texts, k=k))
+        # with_entropy=True: the entropies are arrays, never None
+        ft = TokenStats(lp_ft, cast(np.ndarray, h_ft), mask)
+        base = TokenStats(lp_b, cast(np.ndarray, h_b), mask)
+        parts.append(baseline_scores(ft, base, texts, k=k))
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]} if parts else {}

@@ -130,7 +130,7 @@ def design(m: int, q: float, sigma: float, steps: int, delta: float, confidence:
            trials: int = DESIGN_TRIALS, seed: int = 0) -> tuple[tuple[int, int], float]:
     """(k_plus, k_minus) fixed in advance, and the median bound it reaches, by simulating the
     certified mechanism's white-box scores (public parameters and a public seed only)."""
-    table = {ks: [] for ks in _grid(m)}
+    table: dict[tuple[int, int], list[float]] = {ks: [] for ks in _grid(m)}
     for bits, _, scores in _simulated_audits(m, q, sigma, steps, trials, seed):
         for ks in table:
             table[ks].append(_bound(scores, bits, ks, delta, confidence, tol=1e-3)[0])

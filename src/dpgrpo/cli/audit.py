@@ -9,6 +9,7 @@ Thin wrappers over :mod:`dpgrpo.audit.pipeline`, :mod:`dpgrpo.audit.report` and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -32,8 +33,9 @@ def _settings(samples: int, temperature: float, max_new_tokens: int | None, batc
               diba_sampling: bool = False):
     from dpgrpo.audit.scoring import DIBA_SAMPLING, SamplingSettings
 
-    extra = ({"top_p": DIBA_SAMPLING.top_p, "repetition_penalty": DIBA_SAMPLING.repetition_penalty}
-             if diba_sampling else {})
+    extra: dict[str, Any] = ({"top_p": DIBA_SAMPLING.top_p,
+                              "repetition_penalty": DIBA_SAMPLING.repetition_penalty}
+                             if diba_sampling else {})
     return SamplingSettings(n_samples=samples, temperature=temperature,
                             max_new_tokens=max_new_tokens, prompts_per_batch=batch, **extra)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 import typer
 
@@ -25,7 +25,7 @@ def summary_cmd(
     from dpgrpo.tasks import split_summary
 
     summary = split_summary(task, data_dir, skip_invalid=skip_invalid, source=source)
-    errors = summary.get("errors", {})
+    errors = cast(dict[str, str], summary.get("errors", {}))    # split -> message
     if as_json:
         typer.echo(json.dumps(summary))
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
@@ -114,7 +114,8 @@ class _progress:
     mean only when the trainer passes them (``--show-private-telemetry``)."""
 
     def __init__(self, quiet: bool, total: int | None) -> None:
-        self.quiet, self.total, self.bar, self.task = quiet, total, None, None
+        self.quiet, self.total, self.task = quiet, total, None
+        self.bar: Any = None                  # a rich Progress once entered (unless quiet)
 
     def __enter__(self):
         if self.quiet:

@@ -113,9 +113,9 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
     split_ids = {p.id: i for i, p in enumerate(problems)}  # id -> doc_id (split order)
     problems = problems[:settings.limit] if settings.limit else problems
     cap = completion_cap(task, settings.max_new_tokens)
-    identity = {"task": task.name, "model": settings.model,
-                "adapter": str(settings.adapter) if settings.adapter else None,
-                "max_new_tokens": cap}
+    identity: dict[str, Any] = {"task": task.name, "model": settings.model,
+                                "adapter": str(settings.adapter) if settings.adapter else None,
+                                "max_new_tokens": cap}
     out_dir = Path(settings.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_same_run(out_dir, identity)

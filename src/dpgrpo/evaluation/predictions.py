@@ -75,10 +75,12 @@ class Prediction:
                 raise bad("expected {extracted, correct, timed_out}", f"scores.{name}")
             scores[name] = Verdict(score["correct"], score.get("extracted"),
                                    bool(score.get("timed_out", False)))
-        for key, kind in (("doc_id", int), ("prompt", (str, list)), ("target", str)):
-            if obj.get(key) is not None and not isinstance(obj[key], kind):
+        optional: tuple[tuple[str, Any], ...] = (("doc_id", int), ("prompt", (str, list)),
+                                                 ("target", str))
+        for key, allowed in optional:
+            if obj.get(key) is not None and not isinstance(obj[key], allowed):
                 raise bad("expected " + ("a string or a conversation" if key == "prompt"
-                                         else kind.__name__), key)
+                                         else allowed.__name__), key)
         return cls(obj["id"], obj["response"], obj["n_tokens"], obj["hit_cap"], scores,
                    doc_id=obj.get("doc_id"), prompt=obj.get("prompt"), target=obj.get("target"))
 

@@ -45,7 +45,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import ARMS, arm_spec, arms_with_role
@@ -383,7 +383,8 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
     atomic_write_json(plan.out_dir / "protocol.json", plan.to_dict())
     say(f"base: evaluating {plan.n_eval} problems")
     summaries = {BASE_ARM: evaluate(plan, plan.base_dir, adapter=None, arm=BASE_ARM, seed=None)}
-    status, certificates = {}, {}
+    status: dict[str, str] = {}
+    certificates: dict[str, dict[str, Any]] = {}
     def step(name: str, fn: Callable[[], Any]) -> Any:
         say(f"{name} ...")
         return fn()
@@ -392,7 +393,8 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
         status[spec.name], summaries[spec.name] = run_one(plan, spec, step=step)
         if status[spec.name] == "complete":
             say(f"{spec.name}: complete, skipped")
-        certificates[spec.name] = RunDir(spec.run_dir).certificate()
+        # release/certificate.json of the run just completed (None only if it went missing)
+        certificates[spec.name] = cast(dict[str, Any], RunDir(spec.run_dir).certificate())
     epsilon = check_shared_budget(certificates)
     say("comparing every arm with the base")
     analysis = Settings(draws=plan.settings.draws, sign_draws=plan.settings.sign_draws)

@@ -380,12 +380,12 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
         report = json.loads((out / "compare" / "report.json").read_text())
         warm = _warm_start_steps(st, steps)
         leaky = _leaky_steps(st, steps)
-        dp_leaky = _dp_leaky_steps(st, steps) if settings.dp_leaky else None
+        dp_leaky_mia = _dp_leaky_steps(st, steps) if settings.dp_leaky else None
         dp_cert, private, canary = _private_steps(st, steps)
         tests = {audit: _permutation_steps(st, steps, audit, what) for audit, what in _PERMUTED
                  if audit != "dp-leaky-mia" or settings.dp_leaky}
         leaky, private = tests["leaky-mia"] or leaky, tests["private-mia"] or private
-        dp_leaky = tests.get("dp-leaky-mia") or dp_leaky
+        dp_leaky_mia = tests.get("dp-leaky-mia") or dp_leaky_mia
         sweeps = [_sweep(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
         dp_run = next(s for s in plan.runs if s.arm == "dp-grpo")
         cert = protocol.certificates[dp_run.name]
@@ -399,7 +399,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
                                for k, v in overrides.items())]),
         "workers": settings.workers,
         "plan": plan.to_dict(), "protocol_results": _jsonable(protocol.summaries),
-        "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky, "private_mia": private,
+        "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky_mia, "private_mia": private,
         "canary": canary, "whitebox": whitebox, "warm_start": warm,
         "private_audit_certificate": dp_cert, "dp_certificate": cert, "sweep": sweeps,
         "settings": {k: (dict(v) if isinstance(v, Mapping) else v)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -147,7 +147,8 @@ class GRPOObjective:
         completion length of each row's own prompt, read from that prompt's rows only."""
         n = rows.stop - rows.start
         if self.loss_type == "dr_grpo":
-            return torch.full((n,), float(self.max_completion_length), dtype=dtype,
+            cap = cast(int, self.max_completion_length)    # dr_grpo: >= 1 (__post_init__)
+            return torch.full((n,), float(cap), dtype=dtype,
                               device=batch.loss_mask.device)
         r = batch.rows_per_prompt
         first, last = rows.start // r, (rows.stop - 1) // r + 1               # prompts of rows

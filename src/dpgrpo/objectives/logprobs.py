@@ -23,7 +23,7 @@ the gradient pass then cost about what the completions need; ``bench/prompt_shar
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, cast
 
 import torch
 
@@ -62,7 +62,7 @@ class _ChosenLogProb(torch.autograd.Function):
             z, t = _chunk_logits(h, weight, bias, softcap)                    # (k, V)
             lse = torch.logsumexp(z, dim=-1)                                  # (k,)
             out[s:s + chunk] = z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
-            if need_grad:
+            if jac is not None:                                               # need_grad
                 dz = torch.exp(z.sub_(lse.unsqueeze(-1))).neg_()              # -softmax
                 dz.scatter_add_(-1, tgt.unsqueeze(-1), torch.ones_like(lse).unsqueeze(-1))
                 if t is not None:
@@ -108,7 +108,9 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     """
     lm = _unwrap(model)
     get_decoder = getattr(lm, "get_decoder", None)
-    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    # Module.__getattr__ is typed Tensor | Module; a transformers model's is a method
+    head = (cast(Callable[[], torch.nn.Module | None], lm.get_output_embeddings)()
+            if hasattr(lm, "get_output_embeddings") else None)
     if not callable(get_decoder) or head is None or not hasattr(head, "weight"):
         raise ConfigError(f"{type(lm).__name__} exposes no decoder and lm_head; dpgrpo needs a "
                           "transformers causal LM")
@@ -179,7 +181,7 @@ def _scoring_states(model: torch.nn.Module, decoder: torch.nn.Module, input_ids:
         start = shared_prompt_end(input_ids, attention_mask, want, group_size)
     if start:
         return _shared_prompt_states(model, decoder, input_ids, attention_mask, start,
-                                     group_size), start
+                                     cast(int, group_size)), start  # start > 0: G is set
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)      # (N, L)
     hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
                      position_ids=position_ids, use_cache=False).last_hidden_state  # (N, L, H)
@@ -202,7 +204,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
     """
     n, length = input_ids.shape
     decoder, head, softcap = decoder_and_head(model)
-    out_dtype = _compute_dtype(head.weight.dtype)
+    weight = cast(torch.Tensor, head.weight)    # a Module attribute: typed Tensor | Module
+    out_dtype = _compute_dtype(weight.dtype)
     out = torch.zeros((n, length), dtype=out_dtype, device=input_ids.device)
     want = torch.zeros((n, length), dtype=torch.bool, device=input_ids.device)
     want[:, max(int(first), 1):] = True
@@ -213,7 +216,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
     states, start = _scoring_states(model, decoder, input_ids, attention_mask, want, group_size)
     picked = states[want[:, start:]]                                          # (K, H)
     targets = input_ids[:, start:][want[:, start:]]                           # (K,)
-    logp = chosen_logprobs(picked, head.weight, targets, bias=getattr(head, "bias", None),
+    logp = chosen_logprobs(picked, weight, targets, bias=getattr(head, "bias", None),
                            softcap=softcap, chunk=chunk)                      # (K,)
     return out.masked_scatter(want, logp.to(out_dtype))
 
@@ -228,7 +231,8 @@ def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
     """
     n, length = input_ids.shape
     decoder, head, softcap = decoder_and_head(model)
-    dtype = _compute_dtype(head.weight.dtype)
+    weight = cast(torch.Tensor, head.weight)    # a Module attribute: typed Tensor | Module
+    dtype = _compute_dtype(weight.dtype)
     logp = torch.zeros((n, length), dtype=dtype, device=input_ids.device)
     ent = torch.zeros_like(logp)
     want = torch.zeros((n, length), dtype=torch.bool, device=input_ids.device)
@@ -241,10 +245,10 @@ def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
                          position_ids=position_ids, use_cache=False).last_hidden_state
         picked = hidden[:, :-1][want[:, 1:]]                                  # (K, H)
         targets = input_ids[:, 1:][want[:, 1:]]
-        size = chunk or max(1, DEFAULT_LOGIT_ELEMENTS // head.weight.shape[0])
+        size = chunk or max(1, DEFAULT_LOGIT_ELEMENTS // weight.shape[0])
         lp, h = [], []
         for s in range(0, picked.shape[0], size):
-            z, _ = _chunk_logits(picked[s:s + size], head.weight, getattr(head, "bias", None),
+            z, _ = _chunk_logits(picked[s:s + size], weight, getattr(head, "bias", None),
                                  softcap)
             z = torch.log_softmax(z, dim=-1)                                  # (k, V)
             lp.append(z.gather(-1, targets[s:s + size].unsqueeze(-1)).squeeze(-1))

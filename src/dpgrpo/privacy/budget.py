@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from dpgrpo.config import RunConfig
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
@@ -105,7 +105,8 @@ def public_constants(config: RunConfig, n: int, *, refuse_weak_delta: bool = Fal
         sigma = 0.0
         clip = p.clip_norm if config.train.clip_nonprivate else math.inf
     elif not calibrated:
-        sigma, clip = p.noise_multiplier, p.clip_norm
+        # private and not calibrated: noise_multiplier is set
+        sigma, clip = cast(float, p.noise_multiplier), p.clip_norm
     else:
         sigma = _calibrated_sigma(n, p.expected_batch, steps, p.epsilon, delta, cache)
         clip = p.clip_norm

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -32,11 +32,14 @@ from dpgrpo.rollout.batch import left_pad
 from dpgrpo.rollout.graphs import StaticStep, capture, make_static_layer
 from dpgrpo.rollout.sampling import SamplerSettings, next_tokens
 
-try:  # transformers >= 5: per-layer caches
+if TYPE_CHECKING:  # checked against transformers >= 5
     from transformers.cache_utils import DynamicCache, DynamicLayer
-except ImportError:  # pragma: no cover - older transformers: plain DynamicCache
-    from transformers import DynamicCache
-    DynamicLayer = None
+else:
+    try:  # transformers >= 5: per-layer caches
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:  # pragma: no cover - older transformers: plain DynamicCache
+        from transformers import DynamicCache
+        DynamicLayer = None
 
 #: compact the batch once this fraction (1/COMPACT) of its rows has finished
 COMPACT = 8
@@ -81,7 +84,8 @@ if DynamicLayer is not None:
             self._v[:, :, self.length:end] = value_states
             self.length = end
             self._view()
-            return self.keys, self.values
+            # DynamicLayer types keys/values Optional: _view has just set both
+            return cast(torch.Tensor, self.keys), cast(torch.Tensor, self.values)
 
         def _resize(self, rows: torch.Tensor, capacity: int) -> None:
             k = self._allocate(self._k, len(rows), capacity)
@@ -195,7 +199,8 @@ def decode(model: Any, prompts: list[list[int]], row_prompt: list[int],
         loop = _Loop(prompts, row_prompt, logits.shape[-1], coins, sampler, max_new_tokens, stop,
                      pad_id, device, logprobs)
         run(model, device, cache, logits, state, loop, max_new_tokens, max(1, int(check_every)))
-    return (loop.generated, loop.logp) if logprobs else loop.generated
+    # logp is allocated at the first step (max_new_tokens >= 1, check_request)
+    return (loop.generated, cast(torch.Tensor, loop.logp)) if logprobs else loop.generated
 
 
 def _all_static(cache: Any) -> bool:

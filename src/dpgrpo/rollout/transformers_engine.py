@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -162,7 +162,7 @@ class TransformersEngine:
                     logprobs=self.record_logprobs)
                 if logp is not None:
                     out, logp[rows] = out[0], out[1].double().cpu()
-                generated[rows] = out.cpu()
+                generated[rows] = cast(torch.Tensor, out).cpu()   # a tuple only with logp
         prompt_ids, prompt_mask = left_pad(prompts, pad_id)
         return assemble(self.tokenizer, prompt_ids.repeat_interleave(group_size, 0),
                         prompt_mask.repeat_interleave(group_size, 0), generated, stop, pad_id,

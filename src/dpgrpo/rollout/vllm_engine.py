@@ -131,7 +131,8 @@ class VLLMEngine:
         self._adapter_dir = Path(tempfile.mkdtemp(prefix="dpgrpo-vllm-lora-"))
         os.chmod(self._adapter_dir, 0o700)          # adapters of a private run: owner only
         atexit.register(shutil.rmtree, self._adapter_dir, True)
-        self._version, self._digest, self._request = 0, None, None
+        self._version, self._request = 0, None
+        self._digest: bytes | None = None           # sha256 of the adapter last saved
         if llm is None:
             from vllm import LLM
 

@@ -28,7 +28,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -122,7 +122,8 @@ def _load_state(path: Path) -> dict[str, Any]:
     keys = {"round_done", "adapter", "optimizer", "generators"}
     if not isinstance(state, dict) or not keys <= state.keys():
         raise ValueError("not a dpgrpo checkpoint")
-    if int(state["round_done"]) != int(_STEP.fullmatch(path.name).group(1)):
+    step = cast(re.Match[str], _STEP.fullmatch(path.name))    # a checkpoint_dirs() name
+    if int(state["round_done"]) != int(step.group(1)):
         raise ValueError(f"holds round {state['round_done']}")
     return state
 
@@ -147,7 +148,7 @@ def load_checkpoint(recovery_dir: Path) -> Checkpoint | None:
     names it, so the newest directory that loads is the one to resume from. If every
     checkpoint is damaged, :class:`RecoveryError` names them.
     """
-    damaged = []
+    damaged: list[str] = []
     for path in reversed(checkpoint_dirs(recovery_dir)):
         try:
             return Checkpoint(path, _load_state(path), damaged)

@@ -108,8 +108,11 @@ SplitLoader = Callable[..., LoadedSplit]
 class Task(Protocol):
     """The interface the trainer and the evaluator use (docs/architecture.md)."""
 
-    name: str
-    default_max_new_tokens: int
+    # read-only: a frozen dataclass (VerifiedTask) or plain attributes both provide them
+    @property
+    def name(self) -> str: ...
+    @property
+    def default_max_new_tokens(self) -> int: ...
 
     def prompt(self, problem: Problem) -> str: ...
     def verify(self, response: str, problem: Problem) -> Verdict: ...

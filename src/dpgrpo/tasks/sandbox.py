@@ -41,6 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 from dpgrpo.tasks import _sandbox_wire as wire
 from dpgrpo.tasks.isolation import (
@@ -58,7 +59,8 @@ _HERE = Path(__file__).parent
 FORBIDDEN_EXIT = 97
 PASSED_LINE = b"dpgrpo-tests: passed"
 _EXITS = {0: "failed", 1: "failed", 2: "syntax-error", 3: "memory", FORBIDDEN_EXIT: "forbidden"}
-_SIGNALS = {signal.SIGXCPU: "timeout", signal.SIGKILL: "timeout", signal.SIGXFSZ: "output-limit"}
+_SIGNALS: dict[int, str] = {signal.SIGXCPU: "timeout", signal.SIGKILL: "timeout",
+                            signal.SIGXFSZ: "output-limit"}
 
 
 @dataclass(frozen=True)
@@ -143,8 +145,9 @@ class _Jail:
                                     env={"PATH": os.defpath}, cwd=output.parent)
         self.pid1 = _pid1_fd(self.proc)
         try:
-            self.proc.stdin.write(json.dumps(payload).encode())  # read whole before anything
-            self.proc.stdin.close()
+            stdin = cast(IO[bytes], self.proc.stdin)             # stdin=PIPE: never None
+            stdin.write(json.dumps(payload).encode())  # read whole before anything
+            stdin.close()
         except (BrokenPipeError, OSError):
             pass
 
@@ -331,7 +334,8 @@ def _run_plan(found: Launcher, program: str, plan: list[Call], limits: SandboxLi
 
 def _read_all(fd: int, deadline: float, limit: int) -> tuple[bytes, bool]:
     """Everything written to ``fd`` until end of file (True: the deadline came first)."""
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while True:

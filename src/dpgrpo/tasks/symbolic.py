@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import cast
 
 from dpgrpo.tasks.base import DEFAULT_CHECK_TIMEOUT_S
 from dpgrpo.tasks.bounded import Mode, run_bounded
@@ -78,10 +79,11 @@ def _log10_bound(expr: object) -> float | None:
         return _factorial_bound(children[0])
     if any(c is None for c in children) or not children:
         return None
+    bounds = cast(list[float], children)                       # none of them is None
     if isinstance(expr, sympy.Add):
-        return max(children) + math.log10(len(children))
+        return max(bounds) + math.log10(len(bounds))
     if isinstance(expr, sympy.Mul):
-        return sum(children)
+        return sum(bounds)
     return None
 
 

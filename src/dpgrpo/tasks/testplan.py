@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import builtins
 from dataclasses import dataclass
+from typing import TypeGuard
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _bound(module: ast.Module) -> set[str]:
     return names
 
 
-def _is_stub(node: ast.stmt) -> bool:
+def _is_stub(node: ast.stmt) -> TypeGuard[ast.FunctionDef | ast.AsyncFunctionDef]:
     """A function the completion must write: its body is only a docstring, pass or ``...``."""
     return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(
         _is_inert(s) for s in node.body)

@@ -10,7 +10,7 @@ reads those fields and never an arm's name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -84,7 +84,8 @@ class Arm:
             return build_filtered_sft_batch(rollouts, rewards), info
         shuffle = (coins.uniforms("shuffle", self.train.group_size)
                    if coins is not None and self.spec.advantage == "shuffled" else None)
-        adv = compute_advantages(rewards, self.spec.advantage, generator=generator, coins=shuffle,
+        mode = cast(str, self.spec.advantage)        # every grpo arm has one (config/arms.py)
+        adv = compute_advantages(rewards, mode, generator=generator, coins=shuffle,
                                  scale=self.train.scale_rewards == "group")
         ref = (reference_logprobs(self.model, rollouts,
                                   batch_size=self.train.pass_rows(self.cap))

@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -239,7 +239,8 @@ class _LoraHooks:
                     "per_prompt_grads_fast covers only PEFT LoRA lora_A/lora_B weights; these "
                     f"trainable parameters have no per-prompt hook: {missing[:5]}"
                     f"{' ...' if len(missing) > 5 else ''}. Use grad_method = 'reference'.")
-            embed = model.get_input_embeddings()
+            # Module.__getattr__ is typed Tensor | Module; the model is a transformers/PEFT one
+            embed = cast(Callable[[], torch.nn.Module], model.get_input_embeddings)()
             self.handles.append(embed.register_forward_hook(self._embed_hook))
             for p in params.values():
                 p.requires_grad_(False)
@@ -253,22 +254,27 @@ class _LoraHooks:
         self.stash[id(module)] = slot
         self.handles.append(module.register_forward_pre_hook(
             lambda mod, args: slot.__setitem__("x", args[0])))
-        for adapter, lora_a in module.lora_A.items():
-            lora_b = module.lora_B[adapter]
+        # _is_lora_layer checked lora_A; PEFT's LoRA layers hold lora_B/lora_dropout alike
+        for adapter, lora_a in cast(torch.nn.ModuleDict, module.lora_A).items():
+            lora_b = cast(torch.nn.ModuleDict, module.lora_B)[adapter]
             names_a = self._names(f"{mname}.lora_A.{adapter}", lora_a)
             names_b = self._names(f"{mname}.lora_B.{adapter}", lora_b)
             if not (names_a or names_b):
                 continue
             covered |= set(names_a.values()) | set(names_b.values())
-            dropout = module.lora_dropout[adapter]
+            dropout_dict = cast(torch.nn.ModuleDict, module.lora_dropout)
+            dropout = dropout_dict[adapter]
             p = float(getattr(dropout, "p", 0.0)) if isinstance(dropout, torch.nn.Dropout) else 0.0
             if not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
                 raise ConfigError(f"unsupported LoRA dropout {type(dropout).__name__} in {mname}")
-            recorder = _RecordingDropout(p, lambda m, s=slot: s.__setitem__("mask", m),
-                                         scaled=False)
+
+            def record_mask(m: torch.Tensor | None, s: dict[str, Any] = slot) -> None:
+                s.__setitem__("mask", m)
+
+            recorder = _RecordingDropout(p, record_mask, scaled=False)
             recorder.train(dropout.training)
-            self.swapped.append((module.lora_dropout, adapter, dropout))
-            module.lora_dropout[adapter] = recorder
+            self.swapped.append((dropout_dict, adapter, dropout))
+            dropout_dict[adapter] = recorder
             scale = 1.0 / (1.0 - p) if p > 0 else 1.0
             # lora_A's hook also applies dropout's 1/(1-p), so it stays even when lora_A is
             # frozen (model.lora_train = "B" or "bias"); it then forms no gradient
@@ -295,7 +301,7 @@ class _LoraHooks:
                  ) -> torch.Tensor | None:
             mask = slot.get("mask")
             if names and torch.is_grad_enabled() and output.requires_grad:
-                saved = {"x": slot.get("x"), "mask": mask, "target": self.target}
+                saved: dict[str, Any] = {"x": slot.get("x"), "mask": mask, "target": self.target}
                 dtype = module.weight.dtype
 
                 def backward_hook(grad_out: torch.Tensor) -> None:

@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -176,7 +176,8 @@ def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot
     else:
         gen = None
         if config.privacy.seed is not None:
-            gen = torch.Generator().manual_seed(derive_seed(config.privacy.seed, "canaries"))
+            seed = cast(int, derive_seed(config.privacy.seed, "canaries"))  # seed is set
+            gen = torch.Generator().manual_seed(seed)
         plan = CanaryPlan.create(k, seed=config.audit.canary_seed, generator=gen)
         plan = replace(plan, slots=tuple(range(first_slot, first_slot + k)))  # public
         plan.save(plan_path)

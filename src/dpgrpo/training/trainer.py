@@ -26,8 +26,9 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
+import numpy as np
 import torch
 
 from dpgrpo.config import RunConfig, to_toml
@@ -36,7 +37,7 @@ from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.privacy.contributors import round_prompts, sum_within_records
 from dpgrpo.privacy.journal import PrivacyJournal
 from dpgrpo.privacy.mechanism import PrivatizedUpdate, privatize
-from dpgrpo.privacy.record_coins import PromptCoins
+from dpgrpo.privacy.record_coins import PromptCoins, RoundKey
 from dpgrpo.release.certificate import certificate
 from dpgrpo.release.write import write_release
 from dpgrpo.rundir.atomic import append_lines, atomic_write_json, atomic_write_text
@@ -200,10 +201,12 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
     if ctx.is_main:
         live.journal.charge(t, run.q, run.sigma)                      # before touching data
     tic = time.perf_counter()
-    sampled = broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx)  # line 2
+    # broadcast_object returns rank 0's value (never None) on every rank
+    sampled = cast(np.ndarray,
+                   broadcast_object(run.sampler.sample() if ctx.is_main else None, ctx))  # line 2
     mine = shard([int(i) for i in sampled if run.slots[i] is not None], ctx)  # absent: zero
     records = [run.slots[i] for i in mine]                            # this rank's records
-    key = broadcast_object(run.coins.round_key(t) if ctx.is_main else None, ctx)
+    key = cast(RoundKey, broadcast_object(run.coins.round_key(t) if ctx.is_main else None, ctx))
     laps.reset()
     plan = round_prompts(records, run.chooser,                        # a contributor: <= k
                          [key.reader(s, 0, "choose") for s in mine])
@@ -225,7 +228,8 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
                        reduce=across_ranks(ctx))                      # lines 7-8
     laps.mark("mechanism")
     if update.finite:                                                 # line 9
-        _apply(run.model, run.optimizer, update.update)
+        # per_prompt_grads gives name -> tensor, so the update is a dict too
+        _apply(run.model, run.optimizer, cast(dict[str, torch.Tensor], update.update))
     else:
         run.steps_skipped += 1                                        # still charged
     laps.mark("step")

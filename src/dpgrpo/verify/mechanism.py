@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TypedDict, cast
 
 import numpy as np
 import torch
 
 from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
-from dpgrpo.privacy.mechanism import clip_and_sum, privatize
+from dpgrpo.privacy.mechanism import Grads, clip_and_sum, privatize
 from dpgrpo.privacy.noise import TAIL_FRACTION_OF_DELTA, NoiseSource, noise_tail_delta
 from dpgrpo.privacy.sampling import PoissonSampler
 from dpgrpo.verify.registry import check
@@ -22,6 +23,11 @@ def _records(b: int, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
     return {k: scale * torch.randn((b, *s), generator=g, dtype=torch.float64) for k, s in shapes.items()}
 
 
+def _named(out: torch.Tensor | Grads) -> Grads:
+    """The mechanism's result for name -> tensor records (which it returns as a dict)."""
+    return cast(Grads, out)
+
+
 def _norm(d: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(v.pow(2).sum()) for v in d.values()))
 
@@ -30,11 +36,11 @@ def _norm(d: dict[str, torch.Tensor]) -> float:
        detail="max ||f(D')-f(D)||/C - 1 over 20 random and 1 adversarial (1e12) additions, C=0.7, fp64")
 def _sensitivity() -> float:
     clip, base = 0.7, _records(5, 0)
-    f_d = clip_and_sum(base, clip)
+    f_d = _named(clip_and_sum(base, clip))
     worst = 0.0
     for i in range(21):
         extra = _records(1, 100 + i, 1e12 if i == 20 else 10.0 ** (i % 5 - 2))
-        f_d2 = clip_and_sum({k: torch.cat([base[k], extra[k]]) for k in base}, clip)
+        f_d2 = _named(clip_and_sum({k: torch.cat([base[k], extra[k]]) for k in base}, clip))
         worst = max(worst, _norm({k: f_d2[k] - f_d[k] for k in f_d}) / clip)
     return worst - 1.0
 
@@ -45,7 +51,7 @@ def _plain_sum() -> float:
     recs = _records(7, 1)
     out = privatize(recs, clip_norm=math.inf, noise_multiplier=0.0, expected_batch=1.0,
                     noise=NoiseSource(seed=0))
-    return max(float((out.update[k] - recs[k].sum(0)).abs().max()) for k in recs)
+    return max(float((_named(out.update)[k] - recs[k].sum(0)).abs().max()) for k in recs)
 
 
 @check("noise_std_matches_sigma_c", tolerance=1e-6, comparison=">",
@@ -55,8 +61,8 @@ def _noise_std() -> float:
 
     sigma, clip, n = 0.8, 0.05, 200_000
     empty = {"w": torch.zeros((0, n), dtype=torch.float64)}
-    z = privatize(empty, clip_norm=clip, noise_multiplier=sigma, expected_batch=1.0,
-                  noise=NoiseSource()).update["w"]
+    z = _named(privatize(empty, clip_norm=clip, noise_multiplier=sigma, expected_batch=1.0,
+                         noise=NoiseSource()).update)["w"]
     stat = float(z.pow(2).sum()) / (sigma * clip) ** 2
     return 2 * min(stats.chi2.cdf(stat, n), stats.chi2.sf(stat, n))
 
@@ -69,7 +75,7 @@ def _empty_batch() -> float:
     replay = NoiseSource(seed=9)
     replay.start_round()
     expected = replay.normal((3, 5), 0.2, torch.float64) / 4.0
-    return float((out.update["w"] - expected).abs().max())
+    return float((_named(out.update)["w"] - expected).abs().max())
 
 
 @check("public_denominator", tolerance=0.0,
@@ -77,7 +83,8 @@ def _empty_batch() -> float:
 def _denominator() -> float:
     recs = _records(3, 2, 1e-3)
     out = privatize(recs, clip_norm=10.0, noise_multiplier=0.0, expected_batch=12.5, noise=NoiseSource(seed=0))
-    return max(float((out.update[k] - recs[k].sum(0) / 12.5).abs().max()) for k in recs)
+    update = _named(out.update)
+    return max(float((update[k] - recs[k].sum(0) / 12.5).abs().max()) for k in recs)
 
 
 @check("nonfinite_record_zeroed", tolerance=0.0,
@@ -85,7 +92,7 @@ def _denominator() -> float:
 def _nonfinite() -> float:
     recs = _records(2, 3)
     recs["layer1.bias"][1, 0] = float("nan")
-    out = clip_and_sum(recs, 1e9)
+    out = _named(clip_and_sum(recs, 1e9))
     return max(float((out[k] - recs[k][0]).abs().max()) for k in recs)
 
 
@@ -95,7 +102,12 @@ def _influential_key_bits(key: bytes, base: torch.Tensor) -> int:
     for bit in range(8 * len(key)):
         flipped = bytearray(key)
         flipped[bit // 8] ^= 1 << (bit % 8)
-        replay = NoiseSource(entropy=lambda k, b=bytes(flipped): b)
+        key_bytes = bytes(flipped)
+
+        def entropy(k: int, b: bytes = key_bytes) -> bytes:
+            return b
+
+        replay = NoiseSource(entropy=entropy)
         replay.start_round()
         changed += not torch.equal(replay.normal(base.shape, 1.0), base)
     return changed
@@ -122,11 +134,18 @@ def _secret_bits() -> float:
     return float(min(bits))
 
 
+class _TailPreset(TypedDict):
+    n: int
+    steps: int
+    epsilon: float
+    coordinates: int
+
+
 #: The MATH preset (configs/math.toml): n = 6,988, T = 50, epsilon = 8 (the calibrated
 #: certified epsilon is at most 8), delta = 1/(10 n), and d = 4,616,192 LoRA coordinates:
 #: Qwen2.5-1.5B (28 layers, hidden 1536, MLP 8960, k/v 256), rank 4 on q,k,v,o,gate,up,down,
 #: 28 * 4 * (3072 + 1792 + 1792 + 3072 + 3 * 10496).
-TAIL_PRESET = {"n": 6988, "steps": 50, "epsilon": 8.0, "coordinates": 4_616_192}
+TAIL_PRESET: _TailPreset = {"n": 6988, "steps": 50, "epsilon": 8.0, "coordinates": 4_616_192}
 
 
 @check("noise_tail_delta", tolerance=TAIL_FRACTION_OF_DELTA / (10 * TAIL_PRESET["n"]),
@@ -172,9 +191,17 @@ def _jax_reference() -> float:
     return abs(pld_epsilon([RoundEvent(0.1, 3.0, 512)], 1e-6) - 3.77)
 
 
+class _AuditPreset(TypedDict):
+    sigma: float
+    clip_norm: float
+    steps: int
+    canaries: int
+    coordinates: int
+
+
 #: Audit mode of the study's operating point (sigma 0.344, C 0.055, T 12) at q = 1, with 1,000
 #: gradient canaries in a 2,048-coordinate space (the statistic does not depend on d).
-AUDIT_PRESET = {"sigma": 0.344, "clip_norm": 0.055, "steps": 12, "canaries": 1000,
+AUDIT_PRESET: _AuditPreset = {"sigma": 0.344, "clip_norm": 0.055, "steps": 12, "canaries": 1000,
                 "coordinates": 2048}
 
 

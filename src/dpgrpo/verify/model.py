@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import cast
 
 import torch
 
@@ -17,7 +18,7 @@ from dpgrpo.objectives.grpo import (
     group_advantages,
     reference_logprobs,
 )
-from dpgrpo.privacy.mechanism import privatize
+from dpgrpo.privacy.mechanism import Grads, privatize
 from dpgrpo.privacy.noise import NoiseSource
 from dpgrpo.training.grads import flat_mean_gradient, per_prompt_grads
 from dpgrpo.verify.fixtures import synthetic_rollouts, tiny_fp64_policy
@@ -91,8 +92,9 @@ def _nonprivate() -> float:
     model, _, rollouts, rewards, ref = _setup()
     batch = build_grpo_batch(rollouts, rewards, group_advantages(rewards), ref)
     grads = per_prompt_grads(model, GRPOObjective(), batch)
-    update = privatize(grads, clip_norm=math.inf, noise_multiplier=0.0,
-                       expected_batch=float(batch.num_prompts), noise=NoiseSource(seed=0)).update
+    out = privatize(grads, clip_norm=math.inf, noise_multiplier=0.0,
+                    expected_batch=float(batch.num_prompts), noise=NoiseSource(seed=0))
+    update = cast(Grads, out.update)                 # name -> tensor in, name -> tensor out
     flat = flat_mean_gradient(model, GRPOObjective(), batch)
     return max(float((update[k] - flat[k]).abs().max()) for k in flat)
 

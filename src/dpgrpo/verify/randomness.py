@@ -82,7 +82,11 @@ def coin_resolution_bits(q: float = SMALL_Q) -> int:
         if below < 0 or above >= 2 ** 53:
             continue
         words = np.array([_word(below), _word(above)], dtype="<u8").tobytes()
-        sampled = PoissonSampler(2, q, entropy=lambda n, w=words: w).sample().tolist()
+
+        def entropy(n: int, w: bytes = words) -> bytes:
+            return w
+
+        sampled = PoissonSampler(2, q, entropy=entropy).sample().tolist()
         if sampled != [0]:
             break
         good = b
@@ -121,7 +125,12 @@ def record_secret_bits() -> int:
         for bit in range(8 * len(fresh[0])):
             flipped = bytearray(fresh[0])
             flipped[bit // 8] ^= 1 << (bit % 8)
-            other = RecordRandomness(entropy=lambda k, b=bytes(flipped): b).round_key(t)
+            key_bytes = bytes(flipped)
+
+            def entropy(k: int, b: bytes = key_bytes) -> bytes:
+                return b
+
+            other = RecordRandomness(entropy=entropy).round_key(t)
             changed += all(a != b for a, b in zip(base, (other.seed(3, 0, "rollout"),
                                                          other.seed(3, 0, "dropout"))))
         bits.append(changed)
