@@ -41,6 +41,7 @@ NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2
                "rollout_mode", "rollout_engine", "verifier",
                "lora_train", "trains", "lora_rank", "lora_bias", "target_modules", "lora_layers",
                "init_adapter", "path", "sha256", "keep", "public_input",
+               "kl_reference", "kl_reference_is",  # public config: the KL term's reference
                "adapter_model.safetensors", "adapter_config.json"}
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.privacy.sampling import SlotCount
+from dpgrpo.privacy.seeds import SeededOrSecure
 
 if TYPE_CHECKING:
     import torch
@@ -105,7 +106,7 @@ def as_contributors(slots: Sequence[tuple[Any, Any] | None]) -> list[Contributor
     return [None if s is None else Contributor(s[1].id, (s,)) for s in slots]
 
 
-class ProblemChooser:
+class ProblemChooser(SeededOrSecure):
     """Which k of a sampled contributor's problems a round uses (hidden randomness, A3).
 
     Each problem gets a fresh 128-bit key from ``os.urandom`` (secure mode) or from the
@@ -120,15 +121,6 @@ class ProblemChooser:
         self.k, self.seed = k, seed
         self._rng = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
         self._entropy = entropy or os.urandom
-
-    @property
-    def secure(self) -> bool:
-        """Whether the keys come from OS entropy (no seed)."""
-        return self._rng is None
-
-    @property
-    def releasable(self) -> bool:
-        return self.secure
 
     def choose(self, m: int, entropy: Callable[[int], bytes] | None = None) -> list[int]:
         """Sorted indices of the problems used, out of ``m``.

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from dpgrpo.errors import PrivacyError
+from dpgrpo.privacy.seeds import RoundKeyed
 
 KEY_BYTES = 32                 # 256-bit ChaCha20 key, fresh per round
 SECURE_DRAWS = 4               # Box-Muller draws summed per coordinate (Opacus secure_mode)
@@ -167,7 +168,7 @@ def check_noise_tail(tail_delta: float, delta: float) -> None:
             "epsilon, are needed for the certificate to stay honest")
 
 
-class NoiseSource:
+class NoiseSource(RoundKeyed):
     """Draws N(0, std^2) noise as fp64 CPU tensors; see the module docstring.
 
     Args:
@@ -177,25 +178,14 @@ class NoiseSource:
             ``dpgrpo verify`` pass a recorder to count and inspect the bits read.
     """
 
+    KEY_BITS = 8 * KEY_BYTES
+
     def __init__(self, *, seed: int | None = None,
                  entropy: Callable[[int], bytes] | None = None) -> None:
         self.seed = seed
         self._entropy = entropy
         self._round = 0          # seeded mode: index of the next round's key
         self._stream: _Stream | None = None
-
-    @property
-    def secure(self) -> bool:
-        return self.seed is None
-
-    @property
-    def releasable(self) -> bool:
-        return self.secure
-
-    @property
-    def secret_bits(self) -> int:
-        """Secret bits behind one round's noise: the key (0 for a seeded stream)."""
-        return 8 * KEY_BYTES if self.secure else 0
 
     def start_round(self) -> None:
         """Begin a round: a fresh key from the OS (secure) or the seed's next key (seeded)."""

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from dpgrpo.errors import PrivacyError
+from dpgrpo.privacy.seeds import RoundKeyed
 
 KEY_BYTES = 32                       # 256-bit round key
 SEED_BYTES = 32                      # a prompt's rollout seed: 256 bits of its stream
@@ -163,7 +164,7 @@ class PromptCoins:
                                                                           dtype=torch.float64)
 
 
-class RecordRandomness:
+class RecordRandomness(RoundKeyed):
     """The run's source of round keys (secure: os.urandom; seeded: the debugging seed).
 
     Args:
@@ -173,22 +174,11 @@ class RecordRandomness:
             ``dpgrpo verify`` pass a recorder to count the bytes read.
     """
 
+    KEY_BITS = 8 * KEY_BYTES
+
     def __init__(self, *, seed: int | None = None,
                  entropy: Callable[[int], bytes] | None = None) -> None:
         self.seed, self._entropy = seed, entropy
-
-    @property
-    def secure(self) -> bool:
-        return self.seed is None
-
-    @property
-    def releasable(self) -> bool:
-        return self.secure
-
-    @property
-    def secret_bits(self) -> int:
-        """Secret bits behind one round's record randomness (0 for a seeded run)."""
-        return 8 * KEY_BYTES if self.secure else 0
 
     def round_key(self, round_index: int) -> RoundKey:
         """Round ``round_index``'s key: fresh from the OS (secure), or SHA-256 of the seed and

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
+from dpgrpo.privacy.seeds import SeededOrSecure
 
 _TWO_POW_53 = float(2**53)
 
@@ -72,7 +73,7 @@ def read_entropy(nbytes: int) -> bytes:
     return os.urandom(nbytes)
 
 
-class PoissonSampler:
+class PoissonSampler(SeededOrSecure):
     """Draws the sampled slot indices of one round.
 
     Args:
@@ -93,16 +94,6 @@ class PoissonSampler:
         self.n, self.q, self.seed = n, q, seed
         self._entropy = entropy
         self._rng = np.random.Generator(np.random.PCG64(seed)) if seed is not None else None
-
-    @property
-    def secure(self) -> bool:
-        """Whether the coins come from OS entropy (no seed)."""
-        return self._rng is None
-
-    @property
-    def releasable(self) -> bool:
-        """Only secure (OS-entropy) coins give the hidden randomness assumption (A3) its meaning."""
-        return self.secure
 
     @property
     def expected_batch(self) -> float:

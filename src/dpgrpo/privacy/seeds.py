@@ -7,6 +7,8 @@ no two generators of one run share a seed; ranks and protocol runs get strides o
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 #: generator -> offset from the user seed (the record coins and the sampler derive their own
 #: keys from the seed itself, under different SHA-256 / numpy constructions)
 STREAMS = {"sampler": 0, "records": 0, "torch": 0, "noise": 1, "canaries": 3, "chooser": 4}
@@ -27,4 +29,36 @@ def run_seed(seed: int | None, run: int) -> int | None:
     return None if seed is None else seed + RUN_STRIDE * (run - 1)
 
 
-__all__ = ["RANK_STRIDE", "RUN_STRIDE", "STREAMS", "derive_seed", "run_seed"]
+class SeededOrSecure:
+    """A source of privacy randomness: OS entropy unless a debugging ``seed`` is set.
+
+    ``secure`` without a seed; ``releasable`` only then (a seeded run's coins and noise can be
+    recomputed, so the hidden-randomness assumption A3 fails). One definition for the noise,
+    the record coins, the slot sampler and the contributor's problem chooser.
+    """
+
+    seed: int | None
+
+    @property
+    def secure(self) -> bool:
+        """Whether the randomness comes from OS entropy (no debugging seed)."""
+        return self.seed is None
+
+    @property
+    def releasable(self) -> bool:
+        """Only secure randomness gives the hidden randomness assumption (A3) its meaning."""
+        return self.secure
+
+
+class RoundKeyed(SeededOrSecure):
+    """A secure source that draws a fresh ``KEY_BITS``-bit key from the OS every round."""
+
+    KEY_BITS: ClassVar[int]
+
+    @property
+    def secret_bits(self) -> int:
+        """Secret bits behind one round's draws: the key (0 for a seeded source)."""
+        return self.KEY_BITS if self.secure else 0
+
+
+__all__ = ["RANK_STRIDE", "RUN_STRIDE", "STREAMS", "RoundKeyed", "SeededOrSecure", "derive_seed", "run_seed"]
