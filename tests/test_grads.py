@@ -445,3 +445,65 @@ def test_gradient_checkpointing_turns_prompt_sharing_off(tok):
     finally:
         handle.remove()
     assert calls == [tuple(batch.input_ids.shape)]
+
+
+# --- where the fast path's backward starts ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def upper_policy(tok):
+    """fp32 tiny Llama of 4 layers with LoRA on the top two only (as the CPU study's last 6)."""
+    base = build_tiny_model(tok, layers=4)
+    model = attach_lora(base, LoraSettings(dropout=0.0, layers=(-2, -1)))
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.2)
+    return model.eval()
+
+
+def _decoder_layers(model):
+    return model.get_base_model().model.layers
+
+
+def test_backward_starts_at_the_first_adapted_layer(upper_policy, tok, monkeypatch):
+    """With LoRA on layers 2-3 of 4, no backward runs through layers 0-1, and the per-prompt
+    gradients are the same bits as with the backward from the embeddings (the old start)."""
+    from dpgrpo.training import grads
+
+    layers = _decoder_layers(upper_policy)
+    assert grads.first_adapted_layer(upper_policy) is layers[2]
+    batch = _grpo_batch(upper_policy, tok, random_specs(tok, 0, 3),
+                        torch.tensor([[1., 0, 1], [0, 0, 1], [1, 1, 0]]))
+    calls: list[int] = []
+    handles = [layer.register_full_backward_hook(lambda m, gi, go, i=i: calls.append(i))
+               for i, layer in enumerate(layers)]
+    try:
+        new = per_prompt_grads_fast(upper_policy, GRPOObjective(), batch)
+        assert calls and set(calls) == {2, 3}                  # 0 and 1: no backward
+        calls.clear()
+        monkeypatch.setattr(grads, "first_adapted_layer", lambda model: None)
+        old = per_prompt_grads_fast(upper_policy, GRPOObjective(), batch)
+        assert set(calls) == {0, 1, 2, 3}                      # the embeddings' start: all four
+    finally:
+        for h in handles:
+            h.remove()
+    assert set(new) == set(old) and all(torch.equal(new[k], old[k]) for k in new)
+    assert any(float(v.abs().max()) > 0 for v in new.values())
+    ref = per_prompt_grads_reference(upper_policy, GRPOObjective(), batch)
+    for name in ref:
+        torch.testing.assert_close(new[name], ref[name], rtol=1e-4, atol=1e-6)
+
+
+def test_backward_start_falls_back_to_the_embeddings(policy, tok):
+    """LoRA from layer 0, or gradient checkpointing (its recomputation would replay the
+    hook): the backward starts at the embeddings, or at the lowest adapted layer."""
+    from dpgrpo.training.grads import first_adapted_layer
+
+    assert first_adapted_layer(policy) is _decoder_layers(policy)[0]
+    plain = build_tiny_model(tok)
+    assert first_adapted_layer(plain) is None                  # no LoRA layer at all
+    model = attach_lora(build_tiny_model(tok, layers=4), LoraSettings(layers=(-1,)))
+    assert first_adapted_layer(model) is _decoder_layers(model)[3]
+    model.get_base_model().gradient_checkpointing_enable()
+    assert first_adapted_layer(model) is None

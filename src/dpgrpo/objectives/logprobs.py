@@ -137,7 +137,7 @@ def shared_prompt_end(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return start if same and bool(mask[:, 0].any(-1).all()) else 0
 
 
-def _uses_checkpointing(model: torch.nn.Module) -> bool:
+def uses_checkpointing(model: torch.nn.Module) -> bool:
     """Whether some layer recomputes itself in backward (transformers then drops the cache)."""
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
@@ -177,7 +177,7 @@ def _scoring_states(model: torch.nn.Module, decoder: torch.nn.Module, input_ids:
     gradient checkpointing, which drops the cache) one plain forward over every row.
     """
     start = 0
-    if group_size is not None and not _uses_checkpointing(model):
+    if group_size is not None and not uses_checkpointing(model):
         start = shared_prompt_end(input_ids, attention_mask, want, group_size)
     if start:
         return _shared_prompt_states(model, decoder, input_ids, attention_mask, start,
@@ -257,4 +257,4 @@ def token_logprobs_and_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
 
 
 __all__ = ["DEFAULT_LOGIT_ELEMENTS", "chosen_logprobs", "decoder_and_head", "shared_prompt_end",
-           "token_logprobs", "token_logprobs_and_entropy"]
+           "token_logprobs", "token_logprobs_and_entropy", "uses_checkpointing"]
