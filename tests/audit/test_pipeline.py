@@ -93,3 +93,45 @@ def test_canary_end_to_end(toy_run, tmp_path):
     assert v == a.v
     with pytest.raises(ConfigError, match="k_plus"):
         run_canary_audit(toy_run, k_plus=10, k_minus=3, settings=SETTINGS)
+
+
+def test_base_samples_are_drawn_once_and_shared_by_audits(toy_run, tiny_model_dir, tmp_path,
+                                                          monkeypatch):
+    """The base's side of DIBA, drawn once into a file (alone, or by a first audit), is read by
+    later audits of any release of that base: the same features, bit for bit, as drawing it in
+    place, and the base is not sampled again. A file drawn for other candidates, settings or
+    seed is refused, naming what differs."""
+    from dpgrpo.audit import pipeline
+    from dpgrpo.audit.pipeline import base_samples
+
+    mem = write_jsonl(tmp_path / "members.jsonl", toy_problems("m", 6), task="audit-toy")
+    non = write_jsonl(tmp_path / "nonmembers.jsonl", toy_problems("n", 6, start=6),
+                      task="audit-toy")
+    kw = dict(settings=SETTINGS, seed=3, n_folds=3, n_estimators=5, baselines=False)
+    in_place = run_mia(toy_run, mem, non, **kw)
+    other = make_toy_run(tmp_path / "other", tiny_model_dir, seed=1)     # another release
+    alone = tmp_path / "alone.json"
+    rewards = base_samples(alone, str(tiny_model_dir), mem, non, settings=SETTINGS, seed=3)
+    assert len(rewards) == 12 and all(len(r) == SETTINGS.n_samples for r in rewards)
+    first = tmp_path / "by-audit.json"
+    run_mia(other, mem, non, base_samples=first, **kw)                  # draws and writes it
+    assert json.loads(first.read_text())["rewards"] == json.loads(alone.read_text())["rewards"]
+    calls: list[int] = []
+    real = pipeline.base_rewards
+    monkeypatch.setattr(pipeline, "base_rewards", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for path in (alone, first):
+        shared = run_mia(toy_run, mem, non, base_samples=path, **kw)
+        assert calls == []                                           # the base did not sample
+        np.testing.assert_array_equal(shared.features, in_place.features)
+    base_col = in_place.features[:, 1]                               # base_score: from the file
+    assert base_col.tolist() == [sum(r) / len(r) for r in rewards]
+    with pytest.raises(ConfigError, match="seed = 3, this audit has 4"):
+        run_mia(toy_run, mem, non, base_samples=alone, **{**kw, "seed": 4})
+    with pytest.raises(ConfigError, match="candidates_sha256"):
+        run_mia(toy_run, non, mem, base_samples=alone, **kw)           # other candidates
+    with pytest.raises(ConfigError, match="settings"):
+        run_mia(toy_run, mem, non, base_samples=alone,
+                **{**kw, "settings": SamplingSettings(n_samples=2, max_new_tokens=5)})
+    alone.write_text("{not json")
+    with pytest.raises(DataError, match="unreadable base samples"):
+        run_mia(toy_run, mem, non, base_samples=alone, **kw)

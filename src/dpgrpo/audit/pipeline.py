@@ -10,7 +10,10 @@ guesses.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,7 +27,13 @@ from dpgrpo.audit.canary import CanaryPlan, canary_signal
 from dpgrpo.audit.features import DIBA_FEATURES, feature_matrix
 from dpgrpo.audit.mia import MIAResult, evaluate_diba, hardness_split
 from dpgrpo.audit.one_run import OneRunResult, one_run_audit
-from dpgrpo.audit.scoring import SamplingSettings, diba_feature_rows, gold_baseline_scores
+from dpgrpo.audit.scoring import (
+    SamplingSettings,
+    base_rewards,
+    base_seed,
+    diba_feature_rows,
+    gold_baseline_scores,
+)
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.rundir.layout import RunDir
 from dpgrpo.tasks import Problem
@@ -169,15 +178,96 @@ class MIAOutcome:
     seed: int
 
 
+BASE_SAMPLES_FORMAT = "dpgrpo-diba-base-samples/1"
+
+
+def _base_key(model_name: str, problems: Sequence[Problem], tasks: Sequence[str],
+              settings: SamplingSettings, seed: int, dtype: str, device: str) -> dict[str, Any]:
+    """What the base model's samples are a function of; a saved file must match it all."""
+    rows = [[p.id, t, p.question, p.answer] for p, t in zip(problems, tasks)]
+    digest = hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
+    return {"model": model_name, "dtype": dtype, "device": device, "seed": int(seed),
+            "settings": dataclasses.asdict(settings), "candidates": len(rows),
+            "candidates_sha256": digest}
+
+
+def _draw_base(model: Any, tokenizer: Any, problems: Sequence[Problem], tasks: Sequence[str],
+               settings: SamplingSettings, seed: int) -> list[list[float]]:
+    generator = torch.Generator().manual_seed(base_seed(seed))
+    return _by_task(problems, tasks, lambda t, ps: base_rewards(
+        model, tokenizer, t, ps, settings=settings, generator=generator))
+
+
+def _read_base(path: Path, key: dict[str, Any]) -> list[list[float]] | None:
+    """The saved base samples' rewards when ``path`` exists; ConfigError when they were drawn
+    for something else (naming what), DataError when the file is unreadable."""
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        saved, rewards = data["key"], data["rewards"]
+        if data.get("format") != BASE_SAMPLES_FORMAT or not isinstance(rewards, list):
+            raise ValueError("not a base-samples file")
+    except (ValueError, KeyError, TypeError) as err:
+        raise DataError(f"unreadable base samples ({err})", path=str(path)) from err
+    for name, value in key.items():
+        if saved.get(name) != value:
+            raise ConfigError(f"{path}: these base samples were drawn for {name} = "
+                              f"{saved.get(name)!r}, this audit has {value!r}; give another "
+                              "file (or delete this one) to draw them again")
+    return [[float(r) for r in row] for row in rewards]
+
+
+def base_samples(path: str | Path, model_name: str, members: str | Path, nonmembers: str | Path,
+                 *, task: str | None = None, data_dir: str | Path | None = None,
+                 settings: SamplingSettings = SamplingSettings(), seed: int = 0,
+                 dtype: str = "float32", device: str = "cpu") -> list[list[float]]:
+    """The base model's side of a DIBA audit, drawn once into ``path`` (or read from it).
+
+    DIBA compares each candidate's fine-tuned samples with the public base's. The base's
+    samples draw from a stream of their own (:func:`dpgrpo.audit.scoring.base_seed`), so they
+    are the same for every release of that base audited on the same candidates, settings and
+    seed: :func:`run_mia` with ``base_samples=path`` reads them instead of sampling the base
+    again (the same bits as sampling it in place; tested). The base is loaded on its own, with
+    the adapter off, as inside an audit.
+    """
+    from dpgrpo.model import load_policy
+
+    mem = read_candidates(members, data_dir=data_dir)
+    non = read_candidates(nonmembers, data_dir=data_dir)
+    problems = [p for p, _ in mem + non]
+    tasks = _resolve_tasks(mem + non, task)
+    key = _base_key(model_name, problems, tasks, settings, seed, dtype, device)
+    saved = _read_base(Path(path), key)
+    if saved is not None:
+        return saved
+    policy = load_policy(model_name, dtype=dtype, device=device)
+    rewards = _draw_base(policy.model, policy.tokenizer, problems, tasks, settings, seed)
+    _write_base(Path(path), key, [p.id for p in problems], rewards)
+    return rewards
+
+
+def _write_base(path: Path, key: dict[str, Any], ids: list[str],
+                rewards: list[list[float]]) -> None:
+    from dpgrpo.rundir.atomic import atomic_write_json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"format": BASE_SAMPLES_FORMAT, "key": key, "ids": ids,
+                             "rewards": rewards})
+
+
 def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
             task: str | None = None, data_dir: str | Path | None = None,
             settings: SamplingSettings = SamplingSettings(), seed: int = 0, n_folds: int = 5,
             n_estimators: int = 100, baselines: bool = True, permutations: int = 0,
+            base_samples: str | Path | None = None,
             dtype: str = "float32", device: str = "cpu") -> MIAOutcome:
     """DIBA on a released run: features for every candidate, stacking classifier, baselines.
 
     ``seed`` seeds the response sampler and the classifier's cross-validation and is recorded;
     ``permutations`` > 0 adds the permutation test (:func:`dpgrpo.audit.mia.permutation_test`).
+    ``base_samples``: a file of the base model's samples (:func:`base_samples`), read when it
+    exists and was drawn for these candidates, settings, seed and base, else drawn and written.
     """
     run = read_run(run_dir)
     mem = read_candidates(members, data_dir=data_dir)
@@ -191,10 +281,18 @@ def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
     if min(len(mem), len(non)) < n_folds:
         raise ConfigError(f"{n_folds}-fold cross-validation needs at least {n_folds} members and "
                           f"{n_folds} non-members; got {len(mem)} and {len(non)}")
+    key = _base_key(run.model_name, problems, tasks, settings, seed, dtype, device)
+    base = None if base_samples is None else _read_base(Path(base_samples), key)
     policy = _load_release(run, dtype, device)
+    if base is None:
+        base = _draw_base(policy.model, policy.tokenizer, problems, tasks, settings, seed)
+        if base_samples is not None:
+            _write_base(Path(base_samples), key, ids, base)
     generator = torch.Generator().manual_seed(seed)
+    by_id = dict(zip(ids, base))
     rows = _by_task(problems, tasks, lambda t, ps: diba_feature_rows(
-        policy.model, policy.tokenizer, t, ps, settings=settings, generator=generator))
+        policy.model, policy.tokenizer, t, ps, settings=settings, generator=generator,
+        base=[by_id[p.id] for p in ps]))
     x = feature_matrix(rows, DIBA_FEATURES)
     base: dict[str, np.ndarray] = {}
     if baselines:

@@ -17,6 +17,7 @@ The baselines score the task's gold target text appended to the chat-formatted p
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -133,31 +134,74 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def base_seed(seed: int) -> int:
+    """The seed of the base model's samples: a stream of its own, so they do not depend on
+    the fine-tuned model (whose samples draw from ``seed``) and two audits of releases of one
+    base, on the same candidates and settings, can share them (:class:`BaseSamples`)."""
+    digest = hashlib.sha256(f"dpgrpo/diba-base/{int(seed)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def base_rewards(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
+                 settings: SamplingSettings = SamplingSettings(),
+                 generator: torch.Generator | None = None,
+                 engine: Any = None) -> list[list[float]]:
+    """The verifier's reward of each of ``settings.n_samples`` responses of the base model
+    (``model`` with its adapter disabled, or a plain causal LM) to each problem: DIBA's
+    base-side input, in the chunks of ``settings.prompts_per_batch`` prompts that
+    :func:`diba_feature_rows` uses."""
+    from dpgrpo.rollout.transformers_engine import TransformersEngine
+
+    engine = engine or TransformersEngine(model, tokenizer)
+    use = {"use_adapter": False} if hasattr(model, "disable_adapter") else {}
+    cap = settings.max_new_tokens or int(task.default_max_new_tokens)
+    out: list[list[float]] = []
+    for chunk in _chunks(list(problems), settings.prompts_per_batch):
+        base = engine.generate([task.prompt(p) for p in chunk], group_size=settings.n_samples,
+                               temperature=settings.temperature, max_new_tokens=cap,
+                               generator=generator, top_p=settings.top_p,
+                               repetition_penalty=settings.repetition_penalty, **use)
+        out += [[float(task.reward(t, p)) for t in texts] for p, texts in zip(chunk, base.texts)]
+    return out
+
+
 def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
                       settings: SamplingSettings = SamplingSettings(),
                       generator: torch.Generator | None = None,
+                      base_generator: torch.Generator | None = None,
+                      base: Sequence[Sequence[float]] | None = None,
                       engine: Any = None) -> list[dict[str, float]]:
     """The DIBA features of each problem (:func:`dpgrpo.audit.features.diba_features`).
 
     ``model`` is the fine-tuned :class:`peft.PeftModel`; the base is ``model.disable_adapter()``.
-    ``task`` supplies ``prompt``, ``reward`` and ``default_max_new_tokens``. ``engine`` samples
-    (default: the transformers engine over ``model``, which records the fine-tuned log-probs of
-    what it samples as it decodes, so only the base has to score them; an engine that does not
-    record them has its samples scored under both).
+    ``task`` supplies ``prompt``, ``reward`` and ``default_max_new_tokens``. The fine-tuned
+    samples draw from ``generator``, the base's from ``base_generator`` (default: seeded with
+    :func:`base_seed` of ``generator``'s seed); ``base``: the base
+    samples' rewards, one list per problem, already drawn (:func:`base_rewards`), so the base
+    does not sample again. ``engine`` samples (default: the transformers engine over ``model``,
+    which records the fine-tuned log-probs of what it samples as it decodes, so only the base
+    has to score them; an engine that does not record them has its samples scored under both).
     """
     from dpgrpo.rollout.transformers_engine import TransformersEngine
 
     engine = engine or TransformersEngine(model, tokenizer, record_logprobs=True)
+    if base is None and base_generator is None and generator is not None:
+        base_generator = torch.Generator().manual_seed(base_seed(generator.initial_seed()))
+    if base is None:
+        base = base_rewards(model, tokenizer, task, problems, settings=settings,
+                            generator=base_generator, engine=engine)
+    if len(base) != len(problems) or any(len(r) != settings.n_samples for r in base):
+        raise ConfigError(f"base samples: need {settings.n_samples} rewards for each of "
+                          f"{len(problems)} problems")
     n = settings.n_samples
     cap = settings.max_new_tokens or int(task.default_max_new_tokens)
     rows: list[dict[str, float]] = []
-    for chunk in _chunks(list(problems), settings.prompts_per_batch):
-        messages = [task.prompt(p) for p in chunk]
-        kwargs = dict(group_size=n, temperature=settings.temperature, max_new_tokens=cap,
-                      generator=generator, top_p=settings.top_p,
-                      repetition_penalty=settings.repetition_penalty)
-        ft = engine.generate(messages, **kwargs)
-        base = engine.generate(messages, use_adapter=False, **kwargs)
+    for first, chunk in zip(range(0, len(problems), settings.prompts_per_batch),
+                            _chunks(list(problems), settings.prompts_per_batch)):
+        ft = engine.generate([task.prompt(p) for p in chunk], group_size=n,
+                             temperature=settings.temperature, max_new_tokens=cap,
+                             generator=generator, top_p=settings.top_p,
+                             repetition_penalty=settings.repetition_penalty)
         lp_ft = ft.logprobs.numpy() if ft.logprobs is not None else \
             _completion_logprobs(model, ft, settings.score_batch_size)       # recorded, or scored
         with model.disable_adapter():
@@ -167,9 +211,8 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
         for i, problem in enumerate(chunk):
             sl = slice(i * n, (i + 1) * n)
             ft_rewards = [task.reward(t, problem) for t in ft.texts[i]]
-            base_rewards = [task.reward(t, problem) for t in base.texts[i]]
             samples = SampleScores(lp_ft[sl], lp_base[sl], mask[sl], tuple(ft.texts[i]))
-            rows.append(diba_features(ft_rewards, base_rewards, samples))
+            rows.append(diba_features(ft_rewards, list(base[first + i]), samples))
     return rows
 
 
