@@ -46,6 +46,7 @@ sweep = [64.0]
 dp_leaky = true
 workers = 2
 audit_permutations = 3
+audit_stop_after = 2
 [study.leaky]
 "train.arm" = "non-private-gold-sft"
 "privacy.noise_multiplier" = "none"
@@ -130,6 +131,10 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
         <= set(steps)
     summary = json.loads((out / "audit" / "leaky-mia" / "summary.json").read_text())
     assert summary["permutation"]["permutations"] == 3 and "permutation p =" in page
+    # stopped by Besag and Clifford's rule at study.audit_stop_after = 2
+    assert summary["permutation"]["stop_after"] == 2 and record["audit_leaky_auc_stop_after"] == 2
+    assert record["audit_leaky_auc_draws"] == summary["permutation"]["draws"] <= 3
+    assert "Besag and Clifford" in page and "of at most 3 shuffles" in page
     assert "## Permutation test" in (out / "audit" / "leaky-mia" / "report.md").read_text()
     # the public warm start: trained first, every protocol arm starts from its adapter (the
     # certificates record its sha256), the audit runs do not, and it is scored beside the arms
@@ -309,3 +314,29 @@ def test_seeds_sets_the_runs_of_every_trained_arm(tiny_model_dir: Path, tmp_path
     names = [r.name for r in _Study.load(config, tmp_path / "w", {"seeds": 2}).plan.runs]
     assert names == [f"{arm}-seed{k}" for arm in ("dp-grpo", "zero-advantage", "non-private")
                      for k in (1, 2)]
+
+
+def test_the_stopping_rule_key_and_old_records_of_the_permutation_test() -> None:
+    """study.audit_stop_after is checked; summaries and records saved before the rule (no
+    draws, no stop_after) still give the page's sentence, as the fixed tests they were."""
+    import pytest
+
+    from dpgrpo.errors import ConfigError
+    from dpgrpo.experiments.study_steps import StudySettings
+    from dpgrpo.experiments.study_summary import _permuted
+    from dpgrpo.reports.study import _perm
+
+    assert StudySettings().audit_stop_after == 10
+    assert StudySettings.from_table({"audit_stop_after": 0}).audit_stop_after == 0
+    with pytest.raises(ConfigError, match="study.audit_stop_after"):
+        StudySettings.from_table({"audit_stop_after": -1})
+    old = {"permutation": {"permutations": 50, "p_value": 0.02, "null_band": [0.3, 0.6]}}
+    keys = _permuted("audit_leaky_auc", old)
+    assert (keys["audit_leaky_auc_draws"], keys["audit_leaky_auc_stop_after"]) == (50, None)
+    assert _perm(keys, "audit_leaky_auc") == \
+        ", permutation p = 0.02 (50 shuffles, null 95% [0.300, 0.600])"
+    record = {"audit_leaky_auc_p": 0.02, "audit_leaky_auc_null": [0.3, 0.6]}   # before the keys
+    assert _perm(record, "audit_leaky_auc") == ", permutation p = 0.02 (null 95% [0.300, 0.600])"
+    new = {"permutation": {**old["permutation"], "p_value": 10 / 12, "draws": 12,
+                           "stop_after": 10}}
+    assert "12 of at most 50 shuffles, stop at 10" in _perm(_permuted("k", new), "k")

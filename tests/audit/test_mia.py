@@ -134,3 +134,70 @@ def test_evaluate_diba_adds_the_permutation_test_on_request():
     tested = evaluate_diba(x, y, DIBA_FEATURES, n_folds=3, n_estimators=5, permutations=4)
     assert tested.permutation.observed == plain.unified.pooled.auc
     assert tested.to_dict()["permutation"]["permutations"] == 4
+
+
+def _fixed_test_before_the_rule(x, y, n, seed, n_folds, n_estimators, observed):
+    """The permutation test as written before Besag and Clifford's rule, for comparison."""
+    rng = np.random.default_rng(seed)
+    null = np.array([cross_validate_attack(x, rng.permutation(y), n_folds=n_folds, seed=seed,
+                                           n_estimators=n_estimators).pooled.auc
+                     for _ in range(n)])
+    return null, float((1 + np.sum(null >= observed)) / (1 + n))
+
+
+def test_the_sequential_test_draws_the_fixed_tests_first_shuffles():
+    """The real stacking attack on 20 candidates without signal: stop_after=None gives the
+    numbers of the test before the rule existed; stop_after=2 stops early, on exactly the first
+    draws of the fixed test, with p = 2 / draws."""
+    from dpgrpo.audit.sequential import sequential_p_value
+
+    x, y = _synthetic(10, shift=0.0, seed=6)
+    cv = cross_validate_attack(x, y, n_folds=3, seed=0, n_estimators=5)
+    observed = cv.pooled.auc
+    null, p = _fixed_test_before_the_rule(x, y, 6, 0, 3, 5, observed)
+    fixed = permutation_test(x, y, permutations=6, seed=0, n_folds=3, n_estimators=5,
+                             observed=cv, stop_after=None)
+    assert (fixed.observed, fixed.p_value) == (observed, p) and np.array_equal(fixed.null, null)
+    assert fixed.null_band == tuple(np.quantile(null, [0.025, 0.975]))
+    d = fixed.to_dict()
+    assert (d["permutations"], d["draws"], d["stop_after"], d["stopped_early"]) == \
+        (6, 6, None, False)
+
+    stopped = permutation_test(x, y, permutations=6, seed=0, n_folds=3, n_estimators=5,
+                               observed=cv, stop_after=2)
+    drawn = stopped.null.size
+    assert drawn < 6 and stopped.stopped_early and stopped.draws == drawn
+    assert np.array_equal(stopped.null, null[:drawn])
+    assert stopped.p_value == 2 / drawn == sequential_p_value(observed, null, max_draws=6,
+                                                              stop_after=2)
+    d = stopped.to_dict()
+    assert (d["permutations"], d["draws"], d["stop_after"], d["p_value"], len(d["null"])) == \
+        (6, drawn, 2, 2 / drawn, drawn)
+    for h in (0, 7):
+        with pytest.raises(ValueError, match="stop_after"):
+            permutation_test(x, y, permutations=6, observed=cv, stop_after=h)
+
+
+def test_a_saved_test_without_the_rule_reads_as_the_fixed_test():
+    """A PermutationTest recorded before the rule (no permutations, no stop_after) and the
+    report sentence of its saved dictionary."""
+    from dpgrpo.audit.mia import PermutationTest
+    from dpgrpo.audit.report import permutation_sentence
+
+    old = PermutationTest(0.6, np.array([0.5, 0.7, 0.4, 0.3]), 0)
+    assert (old.max_draws, old.draws, old.stopped_early, old.p_value) == (4, 4, False, 2 / 5)
+    saved = {k: v for k, v in old.to_dict().items()
+             if k not in ("draws", "stop_after", "stopped_early", "rule")}
+    assert permutation_sentence(saved).startswith("Permutation test (4 label shuffles, the")
+    seq = PermutationTest(0.6, np.array([0.7, 0.4, 0.8]), 0, permutations=50, stop_after=2)
+    sentence = permutation_sentence(seq.to_dict())
+    assert seq.p_value == 2 / 3 and "3 label shuffles of at most 50" in sentence
+    assert "Besag and Clifford" in sentence and "p = 0.667" in sentence
+
+
+def test_evaluate_diba_passes_the_stopping_rule_on():
+    x, y = _synthetic(12, shift=3.0, seed=5)
+    tested = evaluate_diba(x, y, DIBA_FEATURES, n_folds=3, n_estimators=5, permutations=2,
+                           stop_after=1)
+    d = tested.to_dict()["permutation"]
+    assert (d["permutations"], d["stop_after"], d["rule"]) == (2, 1, "Besag-Clifford sequential")

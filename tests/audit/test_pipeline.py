@@ -76,6 +76,19 @@ def test_mia_end_to_end(toy_run, tmp_path):
         write_mia_report(toy_run / "release" / "audit", out)
 
 
+def test_a_stopping_rule_outside_the_permutations_is_refused_before_sampling(toy_run, tmp_path,
+                                                                             monkeypatch):
+    import dpgrpo.audit.pipeline as pipeline
+
+    mem = write_jsonl(tmp_path / "members.jsonl", toy_problems("m", 3))
+    non = write_jsonl(tmp_path / "nonmembers.jsonl", toy_problems("n", 3, start=3))
+    monkeypatch.setattr(pipeline, "_load_release", lambda *a: pytest.fail("sampled"))
+    for h in (0, 6):
+        with pytest.raises(ConfigError, match=r"stop_after must be between 1 and the "
+                                              r"permutations \(5\)"):
+            run_mia(toy_run, mem, non, n_folds=3, permutations=5, stop_after=h)
+
+
 def test_canary_end_to_end(toy_run, tmp_path):
     out = run_canary_audit(toy_run, k_plus=3, k_minus=3, confidence=0.9, settings=SETTINGS)
     a = out.audit

@@ -31,6 +31,12 @@ def test_every_command_has_help(app):
     assert result.exit_code == 0 and "mia" in result.output and "canary" in result.output
 
 
+def test_mia_help_names_the_stopping_rule(app):
+    result = CliRunner().invoke(app, ["audit", "mia", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--stop-after" in result.output
+    assert "Besag & Clifford" in result.output
+
+
 def test_audit_commands_end_to_end(app, tiny_model_dir, tmp_path):
     run = make_toy_run(tmp_path / "run", tiny_model_dir, n_canaries=10)
     mem = write_jsonl(tmp_path / "m.jsonl", toy_problems("m", 6))
@@ -47,6 +53,7 @@ def test_audit_commands_end_to_end(app, tiny_model_dir, tmp_path):
     test = summary["permutation"]
     assert test["permutations"] == 3 and test["observed"] == summary["diba"]["pooled"]["auc"]
     assert test["p_value"] in (0.25, 0.5, 0.75, 1.0)
+    assert test["stop_after"] is None          # the default h = 10 >= 3 shuffles: the fixed test
     assert "one-sided p" in (tmp_path / "mia" / "report.md").read_text()
 
     res = CliRunner().invoke(app, ["audit", "canary", "--run", str(run), "--out",

@@ -8,6 +8,8 @@ Pure parts (no model):
 * :mod:`~dpgrpo.audit.mia`: the stacking classifier, stratified k-fold evaluation, Table 3's
   hardness split;
 * :mod:`~dpgrpo.audit.metrics`: AUC, balanced accuracy, TPR at fixed FPR;
+* :mod:`~dpgrpo.audit.sequential`: Besag and Clifford's sequential Monte Carlo p-value, the
+  permutation test's stopping rule;
 * :mod:`~dpgrpo.audit.one_run`: the one-run epsilon lower bound of Steinke, Nasr and Jagielski
   (2023);
 * :mod:`~dpgrpo.audit.canary`: canaries, secret inclusion bits, the saved plan, canary signal;

@@ -14,7 +14,8 @@ Privacy Is at Risk", Section 5 "Prediction", Section 6 "Evaluation Metrics" and 
   scores give the ROC figure;
 * beyond the paper, an optional permutation test (:func:`permutation_test`): the same
   evaluation on shuffled labels, whose null distribution calibrates the AUC of a classifier
-  fitted on a few dozen candidates (the bootstrap interval alone does not);
+  fitted on a few dozen candidates (the bootstrap interval alone does not), optionally with
+  Besag and Clifford's sequential stopping rule (:mod:`dpgrpo.audit.sequential`);
 * the hardness split of Table 3 partitions candidates into All-1 (base and fine-tuned mean
   reward both 1), All-0 (both 0) and Residual (the rest), and fits a dedicated predictor in
   each subset.
@@ -24,7 +25,7 @@ The model-facing code that produces the features is in :mod:`dpgrpo.audit.scorin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,12 @@ from dpgrpo.audit.metrics import (
     AttackMetrics,
     attack_metrics,
     mean_metrics,
+)
+from dpgrpo.audit.sequential import (
+    check_rule,
+    draw_sequentially,
+    draws_made,
+    sequential_p_value,
 )
 
 #: Names of the three hardness subsets (Table 3) and of the whole set.
@@ -150,48 +157,87 @@ class PermutationTest:
     bootstrap interval of :func:`dpgrpo.audit.metrics.auc_confidence_interval` leaves out: the
     variance of fitting the classifier on a few dozen candidates and its bias (without signal,
     cross-validated classifiers score below 0.5 on average on small sets). Leakage shows as a
-    large AUC, so the p-value is one-sided, ``(1 + #{null >= observed}) / (1 + draws)``.
+    large AUC, so the p-value is one-sided. ``null`` holds the draws made, at most
+    ``permutations``; with ``stop_after = h`` they stop at the h-th null AUC >= the observed one
+    (Besag and Clifford 1991, :mod:`dpgrpo.audit.sequential`): p = h / draws then, else
+    ``(1 + #{null >= observed}) / (1 + permutations)``, the fixed test's p (``stop_after``
+    None). ``permutations`` None: all of ``null`` (a test recorded before the rule existed).
     """
 
     observed: float
     null: np.ndarray
     seed: int
+    permutations: int | None = None
+    stop_after: int | None = None
+
+    @property
+    def max_draws(self) -> int:
+        """The most shuffles the test would draw (``n``)."""
+        return int(self.null.size) if self.permutations is None else self.permutations
+
+    @property
+    def draws(self) -> int:
+        """The shuffles drawn (``L``)."""
+        return draws_made(self.observed, self.null, max_draws=self.max_draws,
+                          stop_after=self.stop_after)
+
+    @property
+    def stopped_early(self) -> bool:
+        """Whether the sequential rule stopped before ``permutations`` draws."""
+        return self.draws < self.max_draws
 
     @property
     def p_value(self) -> float:
-        return float((1 + np.sum(self.null >= self.observed)) / (1 + self.null.size))
+        return sequential_p_value(self.observed, self.null, max_draws=self.max_draws,
+                                  stop_after=self.stop_after)
 
     @property
     def null_band(self) -> tuple[float, float]:
-        """The central 95% of the null AUCs."""
+        """The central 95% of the null AUCs drawn."""
         low, high = np.quantile(self.null, [0.025, 0.975])
         return float(low), float(high)
 
     def to_dict(self) -> dict:
-        """A JSON-ready dictionary (the null AUCs included)."""
+        """A JSON-ready dictionary (the null AUCs included). ``permutations`` is the most
+        shuffles (n), ``draws`` those made (L)."""
         return {"statistic": "pooled out-of-fold AUC", "observed": self.observed,
-                "permutations": int(self.null.size), "seed": self.seed,
+                "permutations": self.max_draws, "seed": self.seed,
                 "null_mean": float(self.null.mean()), "null_band": list(self.null_band),
-                "p_value": self.p_value, "null": [float(v) for v in self.null]}
+                "p_value": self.p_value, "null": [float(v) for v in self.null],
+                "draws": self.draws, "stop_after": self.stop_after,
+                "stopped_early": self.stopped_early,
+                "rule": "fixed" if self.stop_after is None else "Besag-Clifford sequential"}
+
+
+def _shuffled_aucs(x: np.ndarray, y: np.ndarray, seed: int, n_folds: int,
+                   n_estimators: int) -> Iterator[float]:
+    """The attack's pooled AUC on one label shuffle after another (lazily: one refit each)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield cross_validate_attack(x, rng.permutation(y), n_folds=n_folds, seed=seed,
+                                    n_estimators=n_estimators).pooled.auc
 
 
 def permutation_test(features: np.ndarray, labels: np.ndarray, *, permutations: int,
                      seed: int = 0, n_folds: int = 5, n_estimators: int = 100,
-                     observed: CVResult | None = None) -> PermutationTest:
-    """:class:`PermutationTest` of :func:`cross_validate_attack` with ``permutations`` label
-    shuffles (``seed`` seeds the shuffles and, as in the observed run, every CV split).
-    ``observed`` is the evaluation on the true labels, reused when given."""
+                     observed: CVResult | None = None,
+                     stop_after: int | None = None) -> PermutationTest:
+    """:class:`PermutationTest` of :func:`cross_validate_attack` with at most ``permutations``
+    label shuffles (``seed`` seeds the shuffles and, as in the observed run, every CV split).
+
+    ``stop_after`` (h, 1 <= h <= permutations) stops at the h-th shuffle whose AUC reaches the
+    observed one (Besag and Clifford's sequential p-value); the shuffles drawn are the fixed
+    test's first ones. None: all ``permutations`` (the fixed test). ``observed`` is the
+    evaluation on the true labels, reused when given."""
     x, y = _check_xy(features, labels)
-    if permutations < 1:
-        raise ValueError(f"permutations must be >= 1, got {permutations}")
+    check_rule(permutations, stop_after)
     if observed is None:
         observed = cross_validate_attack(x, y, n_folds=n_folds, seed=seed,
                                          n_estimators=n_estimators)
-    rng = np.random.default_rng(seed)
-    null = np.array([cross_validate_attack(x, rng.permutation(y), n_folds=n_folds, seed=seed,
-                                           n_estimators=n_estimators).pooled.auc
-                     for _ in range(permutations)])
-    return PermutationTest(observed.pooled.auc, null, seed)
+    auc = observed.pooled.auc
+    null = draw_sequentially(auc, _shuffled_aucs(x, y, seed, n_folds, n_estimators),
+                             max_draws=permutations, stop_after=stop_after)
+    return PermutationTest(auc, null, seed, permutations, stop_after)
 
 
 def hardness_split(ft_score: Sequence[float] | np.ndarray,
@@ -315,11 +361,13 @@ class MIAResult:
 
 def evaluate_diba(features: np.ndarray, labels: np.ndarray, feature_names: Sequence[str], *,
                   baselines: dict[str, np.ndarray] | None = None, n_folds: int = 5,
-                  seed: int = 0, n_estimators: int = 100, permutations: int = 0) -> MIAResult:
+                  seed: int = 0, n_estimators: int = 100, permutations: int = 0,
+                  stop_after: int | None = None) -> MIAResult:
     """Run the whole evaluation on a DIBA feature matrix (columns named by ``feature_names``).
 
     The hardness split needs the ``ft_score`` and ``base_score`` columns. ``permutations`` > 0
-    adds the :func:`permutation_test` of the unified attack.
+    adds the :func:`permutation_test` of the unified attack (``stop_after``: its sequential
+    stopping rule; None, the fixed test).
     """
     x, y = _check_xy(features, labels)
     names = list(feature_names)
@@ -332,5 +380,5 @@ def evaluate_diba(features: np.ndarray, labels: np.ndarray, feature_names: Seque
     singles = score_attacks({n: x[:, i] for i, n in enumerate(names)}, y)
     permutation = None if permutations < 1 else permutation_test(
         x, y, permutations=permutations, seed=seed, n_folds=n_folds, n_estimators=n_estimators,
-        observed=unified)
+        observed=unified, stop_after=stop_after)
     return MIAResult(unified, hardness, singles, score_attacks(baselines or {}, y), permutation)

@@ -260,12 +260,13 @@ def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
             task: str | None = None, data_dir: str | Path | None = None,
             settings: SamplingSettings = SamplingSettings(), seed: int = 0, n_folds: int = 5,
             n_estimators: int = 100, baselines: bool = True, permutations: int = 0,
-            base_samples: str | Path | None = None,
+            stop_after: int | None = None, base_samples: str | Path | None = None,
             dtype: str = "float32", device: str = "cpu") -> MIAOutcome:
     """DIBA on a released run: features for every candidate, stacking classifier, baselines.
 
     ``seed`` seeds the response sampler and the classifier's cross-validation and is recorded;
-    ``permutations`` > 0 adds the permutation test (:func:`dpgrpo.audit.mia.permutation_test`).
+    ``permutations`` > 0 adds the permutation test (:func:`dpgrpo.audit.mia.permutation_test`),
+    which with ``stop_after`` (1..permutations) stops by Besag and Clifford's sequential rule.
     ``base_samples``: a file of the base model's samples (:func:`base_samples`), read when it
     exists and was drawn for these candidates, settings, seed and base, else drawn and written.
     """
@@ -281,6 +282,9 @@ def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
     if min(len(mem), len(non)) < n_folds:
         raise ConfigError(f"{n_folds}-fold cross-validation needs at least {n_folds} members and "
                           f"{n_folds} non-members; got {len(mem)} and {len(non)}")
+    if permutations and stop_after is not None and not 1 <= stop_after <= permutations:
+        raise ConfigError(f"stop_after must be between 1 and the permutations ({permutations}), "
+                          f"got {stop_after}")
     key = _base_key(run.model_name, problems, tasks, settings, seed, dtype, device)
     base = None if base_samples is None else _read_base(Path(base_samples), key)
     policy = _load_release(run, dtype, device)
@@ -300,7 +304,8 @@ def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
             policy.model, policy.tokenizer, t, ps, batch_size=settings.score_batch_size)))
         base = {k: np.array([r[k] for r in per]) for k in per[0]}
     result = evaluate_diba(x, labels, DIBA_FEATURES, baselines=base, n_folds=n_folds, seed=seed,
-                           n_estimators=n_estimators, permutations=permutations)
+                           n_estimators=n_estimators, permutations=permutations,
+                           stop_after=stop_after)
     subsets = hardness_split(x[:, 0], x[:, 1])
     return MIAOutcome(run, result, ids, labels, x, subsets, base, settings, seed)
 

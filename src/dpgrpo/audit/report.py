@@ -137,12 +137,27 @@ def mia_markdown(o: MIAOutcome) -> str:
 
 
 def permutation_sentence(test: Mapping) -> str:
-    """One sentence on a permutation test's dictionary (:class:`dpgrpo.audit.mia.PermutationTest`)."""
+    """One sentence on a permutation test's dictionary (:class:`dpgrpo.audit.mia.PermutationTest`;
+    one saved before the sequential rule existed reads as the fixed test it was)."""
     low, high = test["null_band"]
-    return (f"Permutation test ({test['permutations']} label shuffles, the whole CV refitted on "
-            f"each): pooled out-of-fold AUC {test['observed']:.3f} against a null with mean "
+    return (f"Permutation test ({_shuffles(test)}, the whole CV refitted on each): pooled "
+            f"out-of-fold AUC {test['observed']:.3f} against a null with mean "
             f"{test['null_mean']:.3f} and central 95% [{low:.3f}, {high:.3f}]; one-sided p = "
             f"{test['p_value']:.3g} (small p: the attack sees membership).")
+
+
+def _shuffles(test: Mapping) -> str:
+    """How many label shuffles were drawn, and by which rule."""
+    n, h = test["permutations"], test.get("stop_after")
+    if h is None:
+        return f"{n} label shuffles"
+    rule = (f"Besag and Clifford's sequential rule (1991): stop once {h} null AUCs are >= "
+            f"the observed one, then p = {h} / shuffles drawn, else p = (1 + #null >= "
+            f"observed) / (1 + {n})")
+    drawn = test.get("draws", n)
+    if drawn < n:
+        return f"{drawn} label shuffles of at most {n}, stopped by {rule}"
+    return f"{n} label shuffles, all drawn under {rule}"
 
 
 def write_mia_report(out: str | Path, o: MIAOutcome) -> dict[str, Path]:

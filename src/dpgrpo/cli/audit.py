@@ -64,6 +64,13 @@ def mia(
         help="Label shuffles of a permutation test (the whole CV refitted each time; ~2 s "
              "each for 64 candidates): calibrates the AUC, whose bootstrap CI ignores how the "
              "classifier was fitted. 0: none."),
+    stop_after: int = typer.Option(
+        10, "--stop-after", min=0,  # dpgrpo.audit.sequential.DEFAULT_STOP_AFTER
+        help="Besag & Clifford's sequential p-value (Biometrika 1991): stop the permutation "
+             "test at the Nth shuffle whose AUC reaches the observed one (p = N / shuffles "
+             "drawn); below N such shuffles in all --permutations, the fixed test's p. Small p "
+             "are unchanged; without signal it stops early. 0, or N >= --permutations: the "
+             "fixed test."),
     seed: int = _SEED,
     prompts_per_batch: int = _BATCH,
     diba_sampling: bool = _DIBA,
@@ -73,13 +80,16 @@ def mia(
     """DIBA membership inference on a release: JSON summary, markdown report, ROC figure."""
     from dpgrpo.audit.pipeline import run_mia
     from dpgrpo.audit.report import check_out_dir, write_mia_report
+    from dpgrpo.audit.sequential import front_end_rule
 
     check_out_dir(out)
     outcome = run_mia(run, members, nonmembers, task=task, data_dir=data_dir,
                       settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch,
                                          diba_sampling),
                       seed=seed, n_folds=folds, n_estimators=trees, baselines=baselines,
-                      permutations=permutations, dtype=dtype, device=device)
+                      permutations=permutations,
+                      stop_after=front_end_rule(permutations, stop_after), dtype=dtype,
+                      device=device)
     paths = write_mia_report(out, outcome)
     m, pooled = outcome.result.unified.mean, outcome.result.unified.pooled
     typer.echo(f"DIBA: AUC {m.auc:.3f} (pooled {pooled.auc:.3f}, 95% CI "

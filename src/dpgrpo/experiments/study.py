@@ -43,6 +43,8 @@ The ``[study]`` table of the config (stripped before the run config is built) se
     dp_leaky = true                     # also audit the leaky recipe under DP (step 3)
     workers = 2                         # independent tasks in 2 processes at once
     audit_permutations = 50             # label shuffles of each DIBA audit's permutation test
+    audit_stop_after = 10               # ... stopped at the 10th null AUC >= the observed one
+                                        # (Besag & Clifford 1991; 0: all 50, the fixed test)
     [study.leaky]                       # overrides of the leaky non-private run
     "train.steps" = 16
     [study.private_audit]               # overrides of the audited DP-GRPO run

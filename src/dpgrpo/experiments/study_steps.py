@@ -45,6 +45,7 @@ class StudySettings:
     warm_start: Mapping[str, Any] = field(default_factory=dict)  # public warm start overrides
     audit_prompts_per_batch: int = 16   # prompts per sampling call (x audit_samples rows)
     audit_permutations: int = 50        # label shuffles of each DIBA audit's permutation test
+    audit_stop_after: int = 10          # ... at most: Besag & Clifford's h (0: all of them)
     workers: int = 1                    # processes running independent tasks at once
 
     def __post_init__(self) -> None:
@@ -52,6 +53,8 @@ class StudySettings:
             raise ConfigError("study.workers and study.audit_prompts_per_batch must be >= 1")
         if self.audit_permutations < 0:
             raise ConfigError("study.audit_permutations must be >= 0")
+        if self.audit_stop_after < 0:
+            raise ConfigError("study.audit_stop_after must be >= 1, or 0 for the fixed test")
         if self.members < self.audit_folds:
             raise ConfigError(f"study.members must be >= study.audit_folds ({self.audit_folds})")
         if any(not e > 0 for e in self.sweep):
@@ -186,13 +189,15 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
 
 def _permutation(out: Path, settings: StudySettings) -> dict[str, Any] | None:
     """Add the permutation test (:func:`dpgrpo.audit.mia.permutation_test`) to the finished
-    DIBA audit in ``out``, from the features it saved; its summary, or None while the audit is
-    not finished (the final pass then does it)."""
+    DIBA audit in ``out``, from the features it saved, stopped by Besag and Clifford's rule at
+    ``study.audit_stop_after`` shuffles that reach the observed AUC; its summary, or None while
+    the audit is not finished (the final pass then does it)."""
     import numpy as np
 
     from dpgrpo.audit.features import DIBA_FEATURES
     from dpgrpo.audit.mia import permutation_test
     from dpgrpo.audit.report import permutation_sentence
+    from dpgrpo.audit.sequential import front_end_rule
     from dpgrpo.rundir.checkpoint import atomic_write_json
 
     summary_path, table = out / "summary.json", out / "candidates.jsonl"
@@ -208,7 +213,9 @@ def _permutation(out: Path, settings: StudySettings) -> dict[str, Any] | None:
     test = permutation_test(x, np.array([r["member"] for r in rows]),
                             permutations=settings.audit_permutations, seed=summary["seed"],
                             n_folds=summary["diba"]["n_folds"],
-                            n_estimators=summary["diba"]["n_estimators"])
+                            n_estimators=summary["diba"]["n_estimators"],
+                            stop_after=front_end_rule(settings.audit_permutations,
+                                                      settings.audit_stop_after))
     summary["permutation"] = test.to_dict()
     atomic_write_json(summary_path, summary)
     with (out / "report.md").open("a") as f:

@@ -35,9 +35,16 @@ def _auc(mia: Mapping[str, Any]) -> tuple[float, list[float]]:
 
 
 def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``<key>_p`` and ``<key>_null`` (central 95% of the null AUCs) of a permutation test."""
+    """``<key>_p``, ``<key>_null`` (central 95% of the null AUCs), ``<key>_draws`` (shuffles
+    drawn), ``<key>_permutations`` (at most) and ``<key>_stop_after`` (Besag and Clifford's h;
+    None: the fixed test, as every test saved before the rule existed) of a permutation test."""
     test = (mia or {}).get("permutation")
-    return {} if not test else {f"{key}_p": test["p_value"], f"{key}_null": test["null_band"]}
+    if not test:
+        return {}
+    return {f"{key}_p": test["p_value"], f"{key}_null": test["null_band"],
+            f"{key}_draws": test.get("draws", test["permutations"]),
+            f"{key}_permutations": test["permutations"],
+            f"{key}_stop_after": test.get("stop_after")}
 
 
 def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -132,7 +132,7 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         + (" The intervals are bootstrap intervals over the candidates; the permutation test "
            "(the whole cross-validated attack refitted on shuffled labels) also counts how the "
            "classifier was fitted, and its one-sided p-value is the test for leakage."
-           if "audit_leaky_auc_p" in s else ""),
+           + _sequential_note(s) if "audit_leaky_auc_p" in s else ""),
         f"- Canary one-run lower bound **{s['canary_eps_lower_bound']:.3f}** beside the "
         f"certified epsilon {s['certified_eps']:.3f} of that run.",
         f"- Wall time {s['wall_seconds'] / 60:.1f} min on 2 CPU cores"
@@ -183,10 +183,28 @@ def _rows(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _perm(s: Mapping[str, Any], key: str) -> str:
-    """", permutation p = .. (null 95% [.., ..])" when the study ran the test."""
+    """", permutation p = .. (L of at most n shuffles, null 95% [.., ..])" when the study ran
+    the test (a record from before the sequential rule: "(null 95% [.., ..])")."""
     if f"{key}_p" not in s:
         return ""
-    return f", permutation p = {s[f'{key}_p']:.2g} (null 95% {_ci(s[f'{key}_null'], 3)})"
+    drawn = ""
+    if f"{key}_draws" in s:
+        n, h = s[f"{key}_permutations"], s.get(f"{key}_stop_after")
+        drawn = (f"{n} shuffles, " if h is None else
+                 f"{s[f'{key}_draws']} of at most {n} shuffles, stop at {h} >= observed; ")
+    return (f", permutation p = {s[f'{key}_p']:.2g} ({drawn}null 95% "
+            f"{_ci(s[f'{key}_null'], 3)})")
+
+
+def _sequential_note(s: Mapping[str, Any]) -> str:
+    """The stopping rule, when the study's permutation tests used it."""
+    h = s.get("audit_leaky_auc_stop_after")
+    if h is None:
+        return ""
+    return (f" Each test stops once {h} shuffles' AUCs reach the observed one, with "
+            f"p = {h} / shuffles drawn, else draws all "
+            f"{s['audit_leaky_auc_permutations']} (Besag and Clifford's sequential Monte Carlo "
+            "p-value, Biometrika 1991: valid, and equal to the fixed test's for small p).")
 
 
 def _seeds(n: int) -> str:
