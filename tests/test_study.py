@@ -124,6 +124,9 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert {p.stem for p in (out / "steps").glob("*.json")} >= {"private", "leaky", "dp-leaky",
                                                                  "base", "non-private-seed1"}
     assert "2 worker processes" in page
+    # the three DIBA audits (one base, one task) read the base's samples drawn once, first
+    assert len(list((out / "audit" / "base-samples").glob("*.json"))) == 1
+    assert steps.count("DIBA: the base model's samples (arithmetic)") == 1
     # each DIBA audit's permutation test, in its own task once the audit saved its features
     for key in ("audit_leaky_auc", "audit_dp_auc", "audit_dp_leaky_auc"):
         assert 1 / 4 <= record[f"{key}_p"] <= 1 and len(record[f"{key}_null"]) == 2, key
@@ -282,23 +285,24 @@ def test_tasks_start_once_what_they_start_from_is_done() -> None:
 
     st = SimpleNamespace(plan=SimpleNamespace(runs=[SimpleNamespace(name="dp-grpo-seed1"),
                                                     SimpleNamespace(name="non-private-seed1")]))
-    names = ["warm-start", "private", "leaky", "dp-grpo-seed1", "non-private-seed1",
-             "sweep-eps64", "base", "warm-start-eval", "private-mia-permutation",
-             "leaky-mia-permutation"]
+    names = ["warm-start", "audit-base", "private", "leaky", "dp-grpo-seed1",
+             "non-private-seed1", "sweep-eps64", "base", "warm-start-eval",
+             "private-mia-permutation", "leaky-mia-permutation"]
     after = {n: _prerequisite(st, n, names) for n in names}
-    assert after == {"warm-start": None, "private": None, "leaky": None, "base": None,
+    assert after == {"warm-start": None, "audit-base": None, "private": "audit-base",
+                     "leaky": "audit-base", "base": None,
                      "dp-grpo-seed1": "warm-start", "non-private-seed1": "warm-start",
                      "sweep-eps64": "warm-start", "warm-start-eval": "warm-start",
                      "private-mia-permutation": "private", "leaky-mia-permutation": "leaky"}
-    assert _next_tasks(names, after, set(), 2) == ["warm-start", "private"]
-    rest = [n for n in names if n not in ("warm-start", "private")]
-    assert _next_tasks(rest, after, set(), 1) == ["leaky"]           # not an arm: it waits
-    assert _next_tasks(rest[1:], after, set(), 1) == ["base"]
-    assert _next_tasks(rest[1:], after, {"warm-start"}, 2) == ["dp-grpo-seed1",
-                                                                "non-private-seed1"]
+    assert _next_tasks(names, after, set(), 2) == ["warm-start", "audit-base"]
+    rest = [n for n in names if n not in ("warm-start", "audit-base")]
+    assert _next_tasks(rest, after, set(), 1) == ["base"]      # the audited runs wait too
+    assert _next_tasks(rest, after, {"audit-base"}, 2) == ["private", "leaky"]
+    assert _next_tasks(rest, after, {"warm-start"}, 2) == ["dp-grpo-seed1",
+                                                           "non-private-seed1"]
     assert _next_tasks(["leaky-mia-permutation"], after, {"private"}, 2) == []
-    # without a warm start nothing waits for one
-    plain = [n for n in names if not n.startswith("warm-start")]
+    # without a warm start nothing waits for one; without the base's samples, neither
+    plain = [n for n in names if not n.startswith(("warm-start", "audit-base"))]
     assert all(_prerequisite(st, n, plain) is None for n in plain if "permutation" not in n)
 
 

@@ -55,6 +55,17 @@ def test_audit_commands_end_to_end(app, tiny_model_dir, tmp_path):
     assert test["p_value"] in (0.25, 0.5, 0.75, 1.0)
     assert test["stop_after"] is None          # the default h = 10 >= 3 shuffles: the fixed test
     assert "one-sided p" in (tmp_path / "mia" / "report.md").read_text()
+    # --base-samples: the first audit draws the base's samples into the file, a second reads it
+    shared = tmp_path / "base.json"
+    for name in ("mia-a", "mia-b"):
+        res = CliRunner().invoke(app, ["audit", "mia", "--run", str(run), "--members", str(mem),
+                                       "--nonmembers", str(non), "--out", str(tmp_path / name),
+                                       "--folds", "2", "--trees", "5", "--no-baselines",
+                                       "--base-samples", str(shared), *small])
+        assert res.exit_code == 0, res.output
+    assert json.loads(shared.read_text())["key"]["candidates"] == 12
+    assert (tmp_path / "mia-a" / "candidates.jsonl").read_text() == \
+        (tmp_path / "mia-b" / "candidates.jsonl").read_text()
 
     res = CliRunner().invoke(app, ["audit", "canary", "--run", str(run), "--out",
                                    str(tmp_path / "canary"), "--k-plus", "2", "--k-minus", "2",

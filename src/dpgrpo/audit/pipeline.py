@@ -286,14 +286,14 @@ def run_mia(run_dir: str | Path, members: str | Path, nonmembers: str | Path, *,
         raise ConfigError(f"stop_after must be between 1 and the permutations ({permutations}), "
                           f"got {stop_after}")
     key = _base_key(run.model_name, problems, tasks, settings, seed, dtype, device)
-    base = None if base_samples is None else _read_base(Path(base_samples), key)
+    drawn = None if base_samples is None else _read_base(Path(base_samples), key)
     policy = _load_release(run, dtype, device)
-    if base is None:
-        base = _draw_base(policy.model, policy.tokenizer, problems, tasks, settings, seed)
+    if drawn is None:
+        drawn = _draw_base(policy.model, policy.tokenizer, problems, tasks, settings, seed)
         if base_samples is not None:
-            _write_base(Path(base_samples), key, ids, base)
+            _write_base(Path(base_samples), key, ids, drawn)
     generator = torch.Generator().manual_seed(seed)
-    by_id = dict(zip(ids, base))
+    by_id = dict(zip(ids, drawn))
     rows = _by_task(problems, tasks, lambda t, ps: diba_feature_rows(
         policy.model, policy.tokenizer, t, ps, settings=settings, generator=generator,
         base=[by_id[p.id] for p in ps]))

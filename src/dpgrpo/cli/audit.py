@@ -71,6 +71,12 @@ def mia(
              "drawn); below N such shuffles in all --permutations, the fixed test's p. Small p "
              "are unchanged; without signal it stops early. 0, or N >= --permutations: the "
              "fixed test."),
+    base_samples: Path | None = typer.Option(
+        None, "--base-samples",
+        help="JSON file of the base model's samples: read when it was drawn for these "
+             "candidates, settings, seed and base (e.g. by the audit of another release of "
+             "the same base), else drawn and written, so the next audit skips the base's half "
+             "of the sampling."),
     seed: int = _SEED,
     prompts_per_batch: int = _BATCH,
     diba_sampling: bool = _DIBA,
@@ -88,8 +94,8 @@ def mia(
                                          diba_sampling),
                       seed=seed, n_folds=folds, n_estimators=trees, baselines=baselines,
                       permutations=permutations,
-                      stop_after=front_end_rule(permutations, stop_after), dtype=dtype,
-                      device=device)
+                      stop_after=front_end_rule(permutations, stop_after),
+                      base_samples=base_samples, dtype=dtype, device=device)
     paths = write_mia_report(out, outcome)
     m, pooled = outcome.result.unified.mean, outcome.result.unified.pooled
     typer.echo(f"DIBA: AUC {m.auc:.3f} (pooled {pooled.auc:.3f}, 95% CI "

@@ -72,6 +72,7 @@ from dpgrpo.experiments.study_steps import (
     Say,
     Steps,
     StudySettings,
+    _base_samples,
     _canary,
     _mia,
     _overrides,
@@ -80,6 +81,7 @@ from dpgrpo.experiments.study_steps import (
     _sweep_run,
     _train_once,
     _whitebox,
+    base_samples_path,
 )
 from dpgrpo.experiments.study_summary import _jsonable, summarize
 
@@ -211,6 +213,22 @@ def _dp_leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
         st.audit("dp-leaky"), st.audit("dp-leaky-mia"), st.settings, cfg))
 
 
+def _audited(st: _Study) -> list[RunConfig]:
+    """The configs of the runs that get a DIBA audit."""
+    return [st.leaky, st.private] + ([private_twin(st.leaky)] if st.settings.dp_leaky else [])
+
+
+def _audit_base_steps(st: _Study, steps: Steps) -> None:
+    """The base model's samples for the DIBA audits, drawn once for all of them (one file per
+    base and task: :func:`dpgrpo.experiments.study_steps.base_samples_path`)."""
+    audits = st.out / "audit"
+    paths = {base_samples_path(audits, cfg): cfg for cfg in _audited(st)}
+    for path, cfg in paths.items():
+        if not path.exists():
+            steps.run(f"DIBA: the base model's samples ({cfg.data.task})",
+                      functools.partial(_base_samples, audits, st.settings, cfg))
+
+
 def _permutation_steps(st: _Study, steps: Steps, audit: str, what: str) -> Any:
     """The permutation test of a DIBA audit, once its features are saved."""
     if (st.audit(audit) / "candidates.jsonl").exists():
@@ -253,6 +271,7 @@ def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     tasks: dict[str, Callable[[Steps], Any]] = {}
     if st.settings.warm_start:      # first: every protocol arm waits for it (_prerequisite)
         tasks[WARM_START] = lambda steps: _warm_start_train(st, steps)
+    tasks[AUDIT_BASE] = lambda steps: _audit_base_steps(st, steps)   # the audited runs wait
     tasks["private"] = lambda steps: _private_steps(st, steps)
     tasks["leaky"] = lambda steps: _leaky_steps(st, steps)
     if st.settings.dp_leaky:
@@ -279,6 +298,8 @@ def _prerequisite(st: _Study, name: str, names: Sequence[str]) -> str | None:
     """
     if name.endswith("-mia-permutation"):
         return name.removesuffix("-mia-permutation")          # private, leaky, dp-leaky
+    if name in _AUDITED and AUDIT_BASE in names:               # their DIBA audit reads it
+        return AUDIT_BASE
     if WARM_START in names and name != WARM_START and (
             name == f"{WARM_START}-eval" or name.startswith("sweep-")
             or any(spec.name == name for spec in st.plan.runs)):
@@ -291,6 +312,9 @@ def _next_tasks(pending: Sequence[str], after: Mapping[str, str | None], done: s
     """Up to ``free`` pending tasks whose prerequisite is done, in priority (list) order."""
     return [n for n in pending if after.get(n) is None or after[n] in done][:free]
 
+
+#: The tasks that train and DIBA-audit a run, and the one drawing their base's samples.
+_AUDITED, AUDIT_BASE = ("private", "leaky", "dp-leaky"), "audit-base"
 
 #: The DIBA audits that get a permutation test, with the name of their step.
 _PERMUTED = (("private-mia", "DP-GRPO audit"), ("leaky-mia", "leaky audit"),

@@ -165,8 +165,34 @@ def _sampling(settings: StudySettings) -> Any:
                             prompts_per_batch=settings.audit_prompts_per_batch)
 
 
+def _candidates(settings: StudySettings, config: RunConfig) -> tuple[str, str]:
+    """The audit's members ``train[0:k]`` and non-members ``train[k:2k]`` of the run's task."""
+    k, task = settings.members, config.data.task
+    return f"{task}:train[0:{k}]", f"{task}:train[{k}:{2 * k}]"
+
+
+def base_samples_path(audits: Path, config: RunConfig) -> Path:
+    """Where the DIBA audits of runs of ``config``'s base and task keep the base's samples."""
+    import hashlib
+
+    name = json.dumps([config.model.name, config.data.task, str(config.data.data_dir)])
+    return audits / "base-samples" / f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.json"
+
+
+def _base_samples(audits: Path, settings: StudySettings, config: RunConfig) -> int:
+    """Draw the base model's side of the DIBA audits of ``config``'s runs once
+    (:func:`dpgrpo.audit.pipeline.base_samples`); the number of candidates."""
+    from dpgrpo.audit.pipeline import base_samples
+
+    members, nonmembers = _candidates(settings, config)
+    return len(base_samples(base_samples_path(audits, config), config.model.name, members,
+                            nonmembers, data_dir=config.data.data_dir,
+                            settings=_sampling(settings), seed=settings.audit_seed))
+
+
 def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
-    """DIBA and the baselines on the run's members ``train[0:k]`` against ``train[k:2k]``."""
+    """DIBA and the baselines on the run's members ``train[0:k]`` against ``train[k:2k]``,
+    the base's samples read from (or drawn into) :func:`base_samples_path`."""
     from dpgrpo.audit.pipeline import run_mia
     from dpgrpo.audit.report import mia_summary, write_mia_report
 
@@ -177,11 +203,10 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
 
             summary["certified_auc_ceiling"] = read_run(run_dir).auc_ceiling
         return summary
-    k = settings.members
-    task = config.data.task
-    outcome = run_mia(run_dir, f"{task}:train[0:{k}]", f"{task}:train[{k}:{2 * k}]",
+    members, nonmembers = _candidates(settings, config)
+    outcome = run_mia(run_dir, members, nonmembers,
                       data_dir=config.data.data_dir, settings=_sampling(settings),
-                      seed=settings.audit_seed,
+                      seed=settings.audit_seed, base_samples=base_samples_path(out.parent, config),
                       n_folds=settings.audit_folds)
     write_mia_report(out, outcome)
     return mia_summary(outcome)
