@@ -32,7 +32,7 @@ from dpgrpo.audit.whitebox_stats import (
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
 #: The study's operating point (configs/cpu-study.toml): n 1,000, q 0.008, T 12, sigma 0.344.
-OPERATING = dict(n=1000, q=0.008, steps=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
+OPERATING = dict(n=1000, q=0.008, rounds=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
                  coordinates=1024, canaries=1000, certified_epsilon=8.0)
 
 
@@ -145,7 +145,7 @@ def test_verify_check_passes_and_fails_on_a_broken_mechanism():
 
 def _certificate(**kw):
     cert = {"private": True, "epsilon": 8.0, "delta": 1e-4, "q": 0.05, "sigma": 0.6,
-            "clip_norm": 0.055, "n": 200, "steps": 3, "trainable_coordinates": 256}
+            "clip_norm": 0.055, "n": 200, "rounds": 3, "trainable_coordinates": 256}
     return cert | kw
 
 
@@ -227,7 +227,7 @@ n_slots = 208
 expected_batch = 52
 noise_multiplier = 1.0
 [train]
-steps = 2
+rounds = 2
 group_size = 2
 max_new_tokens = 4
 """
@@ -242,7 +242,7 @@ def test_end_to_end_mode_puts_canaries_among_real_gradients(tiny_model_dir, tmp_
     path.write_text(E2E_TOML.format(model=tiny_model_dir))
     cfg = load_config(path)
     setup, obs = simulate_end_to_end(cfg, tmp_path / "run", canaries=200, seed=1)
-    assert (setup.n, setup.q, setup.sigma, setup.steps) == (208, pytest.approx(0.25), 1.0, 2)
+    assert (setup.n, setup.q, setup.sigma, setup.rounds) == (208, pytest.approx(0.25), 1.0, 2)
     assert setup.coordinates >= 200 and obs.rounds.shape == (2, 200)
     assert np.isfinite(obs.rounds).all() and np.isfinite(obs.final).all()
     audit = audit_end_to_end(cfg, tmp_path / "run2", canaries=200, seed=2, selection="half",

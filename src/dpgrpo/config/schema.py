@@ -211,7 +211,7 @@ class TrainConfig:
 
     # what each sampled record computes (config.arms.ARMS: dp-grpo, zero-advantage, ...)
     arm: str = "dp-grpo"
-    steps: int = 50  # T rounds
+    rounds: int = 50  # T: the rounds of Algorithm 1 (one Poisson-sampled batch each)
     group_size: int = 8  # G
     temperature: float = 0.7  # sampling temperature of the G completions
     # Sampler (dpgrpo.rollout.sampling, both engines): nucleus filtering and CTRL's repetition
@@ -279,7 +279,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         spec = arm_spec(self.arm)  # ConfigError naming train.arm for an unknown arm
         check_finite(self, "train")
-        for name in ("steps", "group_size", "checkpoint_every"):
+        for name in ("rounds", "group_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.grad_method not in ("auto", "fast", "reference"):
@@ -415,7 +415,7 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConf
         try:
             kwargs = {k: _coerce(section, k, v) for k, v in values.items()}
             sections[section] = _CLASSES[section](**kwargs)
-        except DPGRPOError as err:  # name the file too: "c.toml: 'train.steps' expects ..."
+        except DPGRPOError as err:  # name the file too: "c.toml: 'train.rounds' expects ..."
             raise type(err)(f"{source}: {err}") from None
     try:
         return RunConfig(**sections)

@@ -44,7 +44,7 @@ The ``[study]`` table of the config (stripped before the run config is built) se
     workers = 2                         # independent tasks in 2 processes at once
     audit_permutations = 50             # label shuffles of each DIBA audit's permutation test
     [study.leaky]                       # overrides of the leaky non-private run
-    "train.steps" = 16
+    "train.rounds" = 16
     [study.private_audit]               # overrides of the audited DP-GRPO run
     "audit.canaries" = 32
     [study.warm_start]                  # a public warm start for the protocol arms

@@ -91,7 +91,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "dp_gain_pp": dp_gain,
         "retained_share": dp_gain / nonprivate["pp"] if nonprivate["pp"] else None,
         "trainable_params": cert["trainable_coordinates"],
-        "completions_per_arm": cert["expected_batch"] * cert["group_size"] * cert["steps"],
+        "completions_per_arm": cert["expected_batch"] * cert["group_size"] * cert["rounds"],
         "dp_vs_control_pp": dp["pp"], "dp_vs_control_ci": dp["ci"],
         "dp_vs_control_mde": dp["mde"],
         "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],
