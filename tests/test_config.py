@@ -168,3 +168,24 @@ def test_one_setting_sizes_a_pass():
         TrainConfig(rows_per_pass=0)
     with pytest.raises(ConfigError, match="unknown key 'train.chunk_size'"):
         load_config(None, ["train.chunk_size=2"])
+
+
+def test_the_old_name_of_train_rounds_is_refused_with_the_new_one(tmp_path):
+    """T is train.rounds; train.steps (0.2.0) in a config file, an override or a dict is a
+    ConfigError naming the new key, never an alias (a saved run directory is read by
+    rundir.resume.as_written instead)."""
+    from dpgrpo.config import config_from_dict
+
+    path = tmp_path / "old.toml"
+    path.write_text("[train]\nsteps = 3\n")
+    renamed = r"train\.steps was renamed train\.rounds"
+    with pytest.raises(ConfigError, match=renamed) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(ConfigError, match=renamed):
+        load_config(None, ["train.steps=3"])
+    with pytest.raises(ConfigError, match=renamed):
+        apply_overrides(RunConfig(), ["train.steps=3"])
+    with pytest.raises(ConfigError, match=renamed):
+        config_from_dict({"train": {"steps": 3}})
+    assert load_config(None, ["train.rounds=3"]).train.rounds == 3

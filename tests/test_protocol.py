@@ -149,6 +149,11 @@ def test_settings_tables_recipes_and_refusals(tmp_path):
                                 "np": {"private": False, "sigma": 0.0}}) == 0.7
     with pytest.raises(PrivacyError, match="b differs from a in sigma"):
         check_shared_budget({"a": cert, "b": {**cert, "sigma": 0.9}})
+    # a certificate written by dpgrpo 0.2.0 names T "steps": the same T is the same budget
+    old = {k: v for k, v in cert.items() if k != "rounds"} | {"steps": 2}
+    assert check_shared_budget({"a": cert, "old": old}) == 0.6
+    with pytest.raises(PrivacyError, match="old differs from a in rounds"):
+        check_shared_budget({"a": cert, "old": old | {"steps": 3}})
 
 
 def test_a_run_saved_before_a_key_existed_counts_it_as_its_default(tmp_path):

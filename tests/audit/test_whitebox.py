@@ -16,6 +16,7 @@ from dpgrpo.audit.mechanism_audit import (
     audit_mechanism,
     detection,
     require_passed,
+    setup_from_certificate,
 )
 from dpgrpo.audit.one_run import lower_bound_from_counts
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, simulate
@@ -163,6 +164,15 @@ def test_study_step_audits_the_certificate_and_the_results_page_prints_it(tmp_pa
     assert again == json.loads((tmp_path / "mechanism" / "summary.json").read_text()) == audit
     text = _whitebox_sentence(audit)
     assert f"{audit['whitebox_bound']['epsilon_lower_bound']:.3f}" in text and "passed" in text
+
+
+def test_a_certificate_that_names_t_steps_is_audited_like_one_that_names_it_rounds():
+    """dpgrpo 0.2.0 wrote T as the certificate's "steps"; a released run outlives the name."""
+    old = {k: v for k, v in _certificate().items() if k != "rounds"} | {"steps": 3}
+    assert setup_from_certificate(old) == setup_from_certificate(_certificate())
+    assert setup_from_certificate(old).rounds == 3
+    with pytest.raises(KeyError, match="rounds"):          # neither name: not a certificate
+        setup_from_certificate({k: v for k, v in old.items() if k != "steps"})
 
 
 def test_cli_audits_a_run_and_fails_a_broken_mechanism(tmp_path):

@@ -91,6 +91,11 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
                                         "10", "--rounds", "50", "--sigma", "0.01"], "--sigma"),
         "offline hub id": (["train", "--out", str(tmp / "run"), "--model",
                             "no-such-org/no-such-model", *TINY], "no-such-org/no-such-model"),
+        # train.steps was renamed: refused with the new name, never read as an alias
+        "old key in a TOML": (["train", _toml(tmp, "[train]\nsteps = 3\n")],
+                              "train.steps was renamed train.rounds"),
+        "old key in --set": (["train", "--set", "train.steps=3"],
+                             "train.steps was renamed train.rounds"),
     }
 
 
@@ -99,7 +104,7 @@ CASES = ["rounds = true", "epsilon = true", "rounds = 2.0", 'epsilon = "8"', "mo
          "every record invalid", "a record over 1 MiB", "task syntax error", "task raises on import",
          "task factory raises", "device cuda without CUDA", "bogus device", "tiny sigma",
          "negative seed", "negative canaries", "TOML not UTF-8", "privacy epsilon sigma 1e-3",
-         "privacy epsilon sigma 0.01", "offline hub id"]
+         "privacy epsilon sigma 0.01", "offline hub id", "old key in a TOML", "old key in --set"]
 
 
 def _run(argv: list[str], capsys) -> tuple[int, list[str]]:

@@ -36,6 +36,7 @@ from dpgrpo.audit.whitebox_stats import (
     sum_statistic,
 )
 from dpgrpo.errors import ConfigError, MechanismAuditError
+from dpgrpo.release.files import certified_rounds
 
 #: Model-free audits put K canaries in K slots of their own beside the run's n (same q), so K
 #: is not limited by n; with the bound at delta' = 0.01/K (whitebox.BOUND_DELTA_MASS), about
@@ -164,7 +165,8 @@ def setup_from_certificate(cert: dict, *, canaries: int | None = None, **overrid
         raise ConfigError("the certificate is not of a private run: nothing to audit")
     k = DEFAULT_CANARIES if canaries is None else canaries
     n = int(cert["n"]) + k                  # the canaries' slots beside the run's own
-    fields = dict(n=n, q=float(cert["q"]), rounds=int(cert["rounds"]), sigma=float(cert["sigma"]),
+    fields = dict(n=n, q=float(cert["q"]), rounds=int(certified_rounds(cert)),
+                  sigma=float(cert["sigma"]),
                   clip_norm=float(cert["clip_norm"]), delta=float(cert["delta"]),
                   coordinates=max(int(cert.get("trainable_coordinates") or 0), k),
                   canaries=k, certified_epsilon=float(cert["epsilon"]))

@@ -380,12 +380,19 @@ class RunConfig:
 _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
             "train": TrainConfig, "audit": AuditConfig}
 
+#: keys that were renamed: a config that still uses the old name is refused with the new one
+#: (a run directory saved under the old name is read by dpgrpo.rundir.resume.as_written)
+RENAMED = {"train.steps": "train.rounds"}
+
 
 def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
     """The value of ``section.key`` typed strictly by the field (see :func:`dpgrpo.config.values.parse_value`); a value
     of the wrong type is a ConfigError naming the key, never silently converted."""
     cls = _CLASSES[section]
     hints = typing.get_type_hints(cls)
+    dotted = f"{section}.{key}"
+    if dotted in RENAMED:
+        raise ConfigError(f"{dotted} was renamed {RENAMED[dotted]}")
     if key not in hints:
         known = ", ".join(f.name for f in fields(cls))
         raise ConfigError(f"unknown key '{section}.{key}' (known: {known})")

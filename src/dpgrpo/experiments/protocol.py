@@ -51,6 +51,7 @@ from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import ARMS, arm_spec, arms_with_role
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.privacy.seeds import run_seed
+from dpgrpo.release.files import certified_rounds
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
 from dpgrpo.rundir.layout import RunDir, read_json_or_none
@@ -353,11 +354,16 @@ def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
     private = [(name, c) for name, c in certificates.items() if c.get("private")]
     for name, cert in private[1:]:
         diff = [k for k in ("n", "q", "sigma", "rounds", "delta")
-                if cert.get(k) != private[0][1].get(k)]
+                if _budget_term(cert, k) != _budget_term(private[0][1], k)]
         if diff:
             raise PrivacyError(f"run {name} differs from {private[0][0]} in {', '.join(diff)}: "
                                "every private arm of a protocol must share n, q, sigma and T")
     return max((float(c["epsilon"]) for _, c in private), default=math.inf)
+
+
+def _budget_term(cert: Mapping[str, Any], key: str) -> Any:
+    """``cert[key]``, T read from an old certificate's ``steps`` too (None when absent)."""
+    return certified_rounds(cert, None) if key == "rounds" else cert.get(key)
 
 
 def run_protocol(plan: ProtocolPlan, *, progress: Callable[[str], None] | None = None
