@@ -30,11 +30,11 @@ CONFIGS = [  # name, n, m, T, target epsilon
 ]
 
 
-def reference_sigma(n: int, m: int, steps: int, epsilon: float) -> float:
+def reference_sigma(n: int, m: int, rounds: int, epsilon: float) -> float:
     q, delta = m / n, default_delta(n)
     return dpa.calibrate_dp_mechanism(
         lambda: pld_privacy_accountant.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE),
-        lambda s: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), steps),
+        lambda s: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), rounds),
         epsilon, delta, tol=1e-7)
 
 
@@ -43,11 +43,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
-    for name, n, m, steps, eps in CONFIGS:
+    for name, n, m, rounds, eps in CONFIGS:
         t0 = time.perf_counter()
-        ours = calibrate(n, m, steps, eps)
+        ours = calibrate(n, m, rounds, eps)
         t1 = time.perf_counter()
-        ref = reference_sigma(n, m, steps, eps)
+        ref = reference_sigma(n, m, rounds, eps)
         t2 = time.perf_counter()
         rows.append({"config": name, "dpgrpo_s": t1 - t0, "dp_accounting_s": t2 - t1,
                      "speedup": (t2 - t1) / (t1 - t0), "sigma": ours.sigma, "reference_sigma": ref,

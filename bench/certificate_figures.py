@@ -30,14 +30,14 @@ CONFIGS = [  # name, n, m, T, checkpoint_every, sigma (None: calibrated to epsil
 ]
 
 
-def reference(q: float, sigma: float, steps: int, delta: float) -> list[float]:
+def reference(q: float, sigma: float, rounds: int, delta: float) -> list[float]:
     """Replace-one, then k = 2, 3, straight from dp_accounting's accountant."""
     acc = pld_privacy_accountant.PLDAccountant(dpa.NeighboringRelation.REPLACE_ONE)
-    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), steps)
+    acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(sigma)), rounds)
     out = [acc.get_epsilon(delta)]
     for k in (2, 3):
         acc = pld_privacy_accountant.PLDAccountant()
-        acc.compose(group.mixture_event(sigma, k, q), steps)
+        acc.compose(group.mixture_event(sigma, k, q), rounds)
         out.append(acc.get_epsilon(delta))
     return out
 
@@ -46,18 +46,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
     rows = []
-    for name, n, m, steps, every, sigma in CONFIGS:
+    for name, n, m, rounds, every, sigma in CONFIGS:
         delta = default_delta(n)
-        sigma = sigma or calibrate(n, m, steps, 8.0, delta).sigma
+        sigma = sigma or calibrate(n, m, rounds, 8.0, delta).sigma
         group.round_pld.cache_clear()
         times, figs = [], {}
-        for rounds in range(every, steps + 1, every):
+        for done in range(every, rounds + 1, every):        # a certificate every `every` rounds
             start = time.perf_counter()
-            figs = neighbour_figures([RoundEvent(m / n, sigma, rounds)], delta)
+            figs = neighbour_figures([RoundEvent(m / n, sigma, done)], delta)
             times.append(time.perf_counter() - start)
         ours = [figs["replace_one"]["epsilon"]] + [g["epsilon"] for g in figs["group_privacy"]]
         start = time.perf_counter()
-        ref = reference(m / n, sigma, steps, delta)
+        ref = reference(m / n, sigma, rounds, delta)
         ref_time = time.perf_counter() - start
         rows.append({"config": name, "first_certificate_s": times[0],
                      "later_certificate_s": sum(times[1:]) / len(times[1:]),

@@ -5,7 +5,7 @@ torch pin, then run (the defaults take 75+ CPU-minutes on 2 cores)::
 
     .venv/bin/pip install -e ".[trl]" "torch==2.13.0"
     .venv/bin/python bench/vs_trl.py --json > vs_trl.json
-    .venv/bin/python bench/vs_trl.py --steps 2 --eval 20 --json      # a quick look
+    .venv/bin/python bench/vs_trl.py --rounds 2 --eval 20 --json      # a quick look
 
 The workload is issue 30's:
 
@@ -16,7 +16,8 @@ The workload is issue 30's:
   same TRL-style reward function, which calls the task's strict verifier.
 * **Settings.** 8 prompts x G 6 per step, at most 48 new tokens, rank-1 LoRA (alpha 2, dropout
   0.05) on o_proj and down_proj of the last 6 layers, lr 1e-2 (constant), beta 0.04,
-  temperature 0.7, Eq. (7) loss with group-std advantages, 12 steps, fp32 on CPU.
+  temperature 0.7, Eq. (7) loss with group-std advantages, 12 rounds (TRL's ``max_steps``: a
+  round of dpgrpo is one optimizer step, like a TRL step), fp32 on CPU.
 * **One source of settings.** :data:`TRL_OPTIONS` builds the ``GRPOConfig``, and dpgrpo reads the
   same dict through ``dpgrpo.from_trl_config``.
 * **Arms.** ``trl``, and dpgrpo's ``non-private`` and ``dp-grpo`` (epsilon 8, n = 1,000).
@@ -121,7 +122,7 @@ def _num_layers(model_dir: Path) -> int:
 
 # --- the arms (each in a child process) -------------------------------------------------------
 
-def run_trl(model_dir: Path, work: Path, steps: int) -> dict:
+def run_trl(model_dir: Path, work: Path, rounds: int) -> dict:
     from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -131,7 +132,7 @@ def run_trl(model_dir: Path, work: Path, steps: int) -> dict:
     lora = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
                       target_modules=list(LORA["modules"]), task_type="CAUSAL_LM",
                       layers_to_transform=list(range(layers - LORA["last_layers"], layers)))
-    args = GRPOConfig(output_dir=str(work / "trl"), max_steps=steps, use_cpu=True, bf16=False,
+    args = GRPOConfig(output_dir=str(work / "trl"), max_steps=rounds, use_cpu=True, bf16=False,
                       fp16=False, gradient_checkpointing=False, lr_scheduler_type="constant",
                       logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
                       **TRL_OPTIONS)
@@ -161,11 +162,11 @@ def run_trl(model_dir: Path, work: Path, steps: int) -> dict:
     trainer.add_callback(Baton())
     trainer.train()
     trainer.save_model(str(work / "trl-adapter"))
-    return {"steps": [{"seconds": s, "generation": g} for s, g in times],
+    return {"rounds": [{"seconds": s, "generation": g} for s, g in times],
             "adapter": str(work / "trl-adapter")}
 
 
-def run_dpgrpo(arm: str, model_dir: Path, work: Path, steps: int) -> dict:
+def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import dpgrpo
@@ -178,26 +179,26 @@ def run_dpgrpo(arm: str, model_dir: Path, work: Path, steps: int) -> dict:
                  "model.lora_dropout": LORA["dropout"], "model.target_modules": LORA["modules"],
                  "model.lora_layers": list(range(-LORA["last_layers"], 0)),
                  "train.metrics": "jsonl", "train.public_timings": True,
-                 "train.checkpoint_every": steps, "privacy.epsilon": 8}
-    settings = dpgrpo.from_trl_config({**TRL_OPTIONS, "max_steps": steps}, overrides=overrides)
+                 "train.checkpoint_every": rounds, "privacy.epsilon": 8}
+    settings = dpgrpo.from_trl_config({**TRL_OPTIONS, "max_steps": rounds}, overrides=overrides)
     run = work / arm
     _turn()                                       # round 1 waits for the first baton
     result = dpgrpo.train(model=model, tokenizer=tokenizer, model_name=str(model_dir),
                           problems=dataset, rewards=reward, n_slots=len(dataset), out=run,
-                          progress=lambda row: _turn() if row["round"] < steps else None,
+                          progress=lambda row: _turn() if row["round"] < rounds else None,
                           **settings)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     telemetry = run / "recovery" / "telemetry.jsonl"             # private: the realized batch
     batch = [json.loads(x)["batch_size"] for x in telemetry.read_text().splitlines()]
-    return {"steps": [{"seconds": r["time/round"], "generation": r["time/rollout"]}
+    return {"rounds": [{"seconds": r["time/round"], "generation": r["time/rollout"]}
                       for r in rows], "adapter": str(result.release_dir),
             "epsilon": result.certificate.get("epsilon"),
             "prompts_per_step_mean": statistics.fmean(batch) if batch else 0.0}
 
 
-def child(arm: str, model_dir: Path, work: Path, steps: int, limit: int) -> None:
-    out = run_trl(model_dir, work, steps) if arm == "trl" else \
-        run_dpgrpo(arm, model_dir, work, steps)
+def child(arm: str, model_dir: Path, work: Path, rounds: int, limit: int) -> None:
+    out = run_trl(model_dir, work, rounds) if arm == "trl" else \
+        run_dpgrpo(arm, model_dir, work, rounds)
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out["correct"] = evaluate(model_dir, Path(out["adapter"]), work / f"eval-{arm}", limit)
     _say("result", out)
@@ -215,11 +216,11 @@ def _read(proc: subprocess.Popen, arm: str) -> tuple[str, object]:
     raise RuntimeError(f"arm {arm} ended without a result (exit {proc.wait()})")
 
 
-def interleave(model_dir: Path, work: Path, steps: int, limit: int,
+def interleave(model_dir: Path, work: Path, rounds: int, limit: int,
                arms: tuple[str, ...]) -> dict[str, dict]:
     procs = {arm: subprocess.Popen(
         [sys.executable, __file__, "--child", arm, "--model-dir", str(model_dir), "--work",
-         str(work), "--steps", str(steps), "--eval", str(limit),
+         str(work), "--rounds", str(rounds), "--eval", str(limit),
          "--lora-layers", str(LORA["last_layers"])],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1) for arm in arms}
     results: dict[str, dict] = {}
@@ -255,9 +256,9 @@ def bootstrap(correct: list[bool], other: list[bool] | None = None, draws: int =
 def summarize(results: dict[str, dict]) -> dict:
     out: dict[str, dict] = {}
     for arm, r in results.items():
-        seconds = [s["seconds"] for s in r["steps"]]
-        gen = [s["generation"] for s in r["steps"]]
-        out[arm] = {"steps": len(seconds), "seconds_per_step_median": statistics.median(seconds),
+        seconds = [s["seconds"] for s in r["rounds"]]
+        gen = [s["generation"] for s in r["rounds"]]
+        out[arm] = {"rounds": len(seconds), "seconds_per_step_median": statistics.median(seconds),
                     "seconds_per_step_mean": statistics.fmean(seconds),
                     "generation_per_step_mean": statistics.fmean(gen),
                     "rest_per_step_mean": statistics.fmean(s - g for s, g in zip(seconds, gen)),
@@ -279,7 +280,7 @@ def summarize(results: dict[str, dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=12, help="rounds T (TRL: max_steps)")
     parser.add_argument("--eval", type=int, default=200, help="eval problems scored per arm")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--model-dir", type=Path, default=None,
@@ -294,13 +295,13 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="vs_trl-"))
     LORA["last_layers"] = args.lora_layers
     if args.child:
-        child(args.child, args.model_dir, work, args.steps, args.eval)
+        child(args.child, args.model_dir, work, args.rounds, args.eval)
         return
     model_dir = export_model(args.model_dir or work / "smollm2-135m-hf")
     arms = tuple(a for a in args.arms.split(",") if a)
-    summary = {"workload": {**TRL_OPTIONS, "lora": LORA, "steps": args.steps,
+    summary = {"workload": {**TRL_OPTIONS, "lora": LORA, "rounds": args.rounds,
                             "eval_problems": args.eval},
-               "arms": summarize(interleave(model_dir, work, args.steps, args.eval, arms))}
+               "arms": summarize(interleave(model_dir, work, args.rounds, args.eval, arms))}
     print(json.dumps(summary, indent=None if args.json else 2))
 
 

@@ -37,7 +37,7 @@ from dpgrpo.audit.mechanism_audit import DEFAULT_CANARIES, audit_mechanism, dete
 from dpgrpo.audit.whitebox import AuditSetup
 from dpgrpo.audit.whitebox_stats import ceiling_design, design
 
-STUDY = dict(n=1000, q=0.008, steps=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
+STUDY = dict(n=1000, q=0.008, rounds=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
              coordinates=19_584, canaries=1000, certified_epsilon=8.0)
 BESIDE = STUDY | {"n": 1000 + DEFAULT_CANARIES, "canaries": DEFAULT_CANARIES}
 
@@ -57,7 +57,7 @@ def audit_mode(trials: int, coordinates: int) -> dict:
 
 def operating_point(trials: int, fields: dict = BESIDE) -> dict:
     setup = AuditSetup(**fields)
-    (k_plus, k_minus), expected = design(setup.canaries, setup.q, setup.sigma, setup.steps,
+    (k_plus, k_minus), expected = design(setup.canaries, setup.q, setup.sigma, setup.rounds,
                                          setup.bound_delta)
     audits = [audit_mechanism(setup) for _ in range(trials)]
     broken = [audit_mechanism(setup, "half_sigma").whitebox_bound["epsilon_lower_bound"]
@@ -76,7 +76,7 @@ def operating_point(trials: int, fields: dict = BESIDE) -> dict:
         "final_fit_mu": _spread([a.final_fit["mu"] for a in audits]),
         "analytic": audits[0].analytic, "expected_bound_design": expected,
         "count_ceiling": ceiling_design(setup.canaries, setup.q, setup.sigma,
-                                        setup.steps).to_dict(),
+                                        setup.rounds).to_dict(),
         "half_sigma_whitebox_bound": _spread(broken),
         "seconds_per_audit": _spread([a.seconds for a in audits]),
     }
@@ -86,10 +86,10 @@ def more_canaries(counts: tuple[int, ...]) -> dict:
     """The bound the certified mechanism is expected to reach with K canaries at the same q,
     at delta' = min(delta, 0.01 / K) (public design simulation, 20 runs each)."""
     return {str(k): {"bound_delta": min(STUDY["delta"], 0.01 / k),
-                     "design_median_bound": design(k, STUDY["q"], STUDY["sigma"], STUDY["steps"],
+                     "design_median_bound": design(k, STUDY["q"], STUDY["sigma"], STUDY["rounds"],
                                                    min(STUDY["delta"], 0.01 / k))[1],
                      "count_ceiling_median": ceiling_design(k, STUDY["q"], STUDY["sigma"],
-                                                            STUDY["steps"]).median}
+                                                            STUDY["rounds"]).median}
             for k in counts}
 
 

@@ -57,7 +57,7 @@ limit = 40
 expected_batch = 4
 noise_multiplier = 1.0
 [train]
-steps = 2
+rounds = 2
 group_size = 2
 max_new_tokens = 4
 checkpoint_every = 1

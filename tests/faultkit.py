@@ -117,7 +117,7 @@ def memoized_accountant(monkeypatch):
 
 def tiny_config(model_dir, *extra: str):
     base = [f"model.name={model_dir}", "model.device=cpu", "data.limit=40",
-            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.steps=4",
+            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.rounds=4",
             "train.group_size=2", "train.max_new_tokens=4", "train.checkpoint_every=2"]
     return apply_overrides(embedded_default(), base + list(extra))
 

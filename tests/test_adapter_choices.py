@@ -273,7 +273,7 @@ def test_a_private_run_starts_from_the_public_adapter_and_says_so(tiny_model_dir
                                 "model.lora_rank=1", "model.lora_train=B",
                                 f"model.init_adapter={tmp_path / 'public'}",
                                 "data.limit=20", "privacy.expected_batch=4",
-                                "privacy.noise_multiplier=1.0", "train.steps=1",
+                                "privacy.noise_multiplier=1.0", "train.rounds=1",
                                 "train.group_size=2", "train.max_new_tokens=4",
                                 f"train.learning_rate={lr}", "train.checkpoint_every=1"])
     result = train(config, tmp_path / "run")

@@ -17,7 +17,7 @@ from dpgrpo.tasks import Problem, get_task, make_task
 from dpgrpo.tasks import base as task_base
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-TINY = ["model.device=cpu", "train.steps=1", "train.group_size=2", "train.max_new_tokens=4",
+TINY = ["model.device=cpu", "train.rounds=1", "train.group_size=2", "train.max_new_tokens=4",
         "privacy.expected_batch=2", "privacy.noise_multiplier=1.0"]
 
 
@@ -137,7 +137,7 @@ def test_peft_model_object_and_dataset_train(tiny_lm, tmp_path):
                                      for i in range(8)])
     result = dpgrpo.train(model=peft_model, tokenizer=tokenizer, model_name="tiny/peft",
                           problems=ds, rewards=lambda c, p: float(p["answer"] in c), n_slots=8,
-                          overrides=TINY + ["train.steps=2", "privacy.expected_batch=8",
+                          overrides=TINY + ["train.rounds=2", "privacy.expected_batch=8",
                                             "train.metrics=jsonl,tensorboard",
                                             "train.public_timings=true"],
                           out=tmp_path / "run")

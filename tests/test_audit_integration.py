@@ -15,7 +15,7 @@ from dpgrpo.training.trainer import train
 def test_canary_audit_on_a_trained_run(tiny_model_dir, tmp_path):
     cfg = apply_overrides(embedded_default(), [
         f"model.name={tiny_model_dir}", "model.device=cpu", "data.limit=40", "audit.canaries=8",
-        "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.steps=2",
+        "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.rounds=2",
         "train.group_size=2", "train.max_new_tokens=5", "train.checkpoint_every=2"])
     cert = train(cfg, tmp_path / "run").certificate
     outcome = run_canary_audit(tmp_path / "run", k_plus=1, k_minus=1,

@@ -11,22 +11,22 @@ from dpgrpo.errors import ConfigError
 def test_toml_round_trip_and_typed_overrides(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(to_toml(embedded_default()))
-    cfg = load_config(path, ["privacy.epsilon=4", "train.steps=7", "train.clip_nonprivate=false",
+    cfg = load_config(path, ["privacy.epsilon=4", "train.rounds=7", "train.clip_nonprivate=false",
                              "model.target_modules=q_proj,v_proj", "privacy.delta=none"])
-    assert cfg.privacy.epsilon == 4.0 and isinstance(cfg.train.steps, int) and cfg.train.steps == 7
+    assert cfg.privacy.epsilon == 4.0 and isinstance(cfg.train.rounds, int) and cfg.train.rounds == 7
     assert cfg.train.clip_nonprivate is False and cfg.model.target_modules == ("q_proj", "v_proj")
     assert cfg.model.name == "smollm2-135m" and cfg.privacy.delta is None
 
 
 @pytest.mark.parametrize("override,needle", [
     ("privacy.epsilonn=3", "privacy.epsilonn"),
-    ("trian.steps=3", "trian"),
-    ("train.steps=three", "train.steps"),
+    ("trian.rounds=3", "trian"),
+    ("train.rounds=three", "train.rounds"),
     ("train.arm=dp-sgd", "train.arm"),
     ("privacy.clip_norm=0", "clip_norm"),
     ("model.dtype=int8", "model.dtype"),
     ("train.rollout_engine=llama.cpp", "train.rollout_engine"),
-    ("steps=3", "section.key=value"),
+    ("rounds=3", "section.key=value"),
 ])
 def test_bad_overrides_name_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
@@ -39,7 +39,7 @@ def test_inconsistent_values_rejected(tmp_path):
     with pytest.raises(ConfigError, match="private"):
         apply_overrides(RunConfig(), ["privacy.noise_multiplier=0"])
     bad = tmp_path / "bad.toml"
-    bad.write_text("[train]\nsteps = 3\n[optimizer]\nlr = 1\n")
+    bad.write_text("[train]\nrounds = 3\n[optimizer]\nlr = 1\n")
     with pytest.raises(ConfigError, match=r"unknown section \[optimizer\]"):
         load_config(bad)
     with pytest.raises(ConfigError, match="not found"):
@@ -64,7 +64,7 @@ def test_paper_presets_load():
         cfg = load_config(path)
         assert cfg.train.arm == "dp-grpo"
     math_cfg = load_config(configs / "math.toml")
-    assert (math_cfg.train.steps, math_cfg.privacy.expected_batch, math_cfg.train.group_size) == (50, 128, 8)
+    assert (math_cfg.train.rounds, math_cfg.privacy.expected_batch, math_cfg.train.group_size) == (50, 128, 8)
     assert math_cfg.privacy.clip_norm == pytest.approx(0.05536)
 
 
@@ -86,9 +86,9 @@ def test_group_sizes_are_public_validated_integers(tmp_path):
 
 
 @pytest.mark.parametrize("toml,key", [
-    ("[train]\nsteps = true", "train.steps"),            # a TOML boolean is not a number
+    ("[train]\nrounds = true", "train.rounds"),            # a TOML boolean is not a number
     ("[privacy]\nepsilon = true", "privacy.epsilon"),    # (it once certified epsilon = 1)
-    ("[train]\nsteps = 2.0", "train.steps"),             # no float where an int is meant
+    ("[train]\nrounds = 2.0", "train.rounds"),             # no float where an int is meant
     ('[privacy]\nepsilon = "8"', "privacy.epsilon"),     # a number is not a string
     ("[model]\nname = 1", "model.name"),                 # ... nor a string a number
     ("[train]\nclip_nonprivate = 1", "train.clip_nonprivate"),
@@ -118,7 +118,7 @@ def test_toml_values_are_typed_strictly_and_range_checked(tmp_path, toml, key):
 
 
 @pytest.mark.parametrize("override,key", [
-    ("train.steps=2.0", "train.steps"), ("train.steps=true", "train.steps"),
+    ("train.rounds=2.0", "train.rounds"), ("train.rounds=true", "train.rounds"),
     ("train.learning_rate=inf", "train.learning_rate"), ("privacy.seed=-3", "privacy.seed"),
     ("train.clip_nonprivate=maybe", "train.clip_nonprivate"),
     ("privacy.noise_multiplier=1e-3", "privacy.noise_multiplier"),
@@ -132,9 +132,9 @@ def test_override_text_is_parsed_by_the_field_type(override, key):
 
 def test_integers_stay_integers_and_ints_are_numbers(tmp_path):
     path = tmp_path / "c.toml"
-    path.write_text("[train]\nsteps = 3\nlearning_rate = 1\n[privacy]\nepsilon = 4\n")
+    path.write_text("[train]\nrounds = 3\nlearning_rate = 1\n[privacy]\nepsilon = 4\n")
     cfg = load_config(path)
-    assert cfg.train.steps == 3 and type(cfg.train.steps) is int
+    assert cfg.train.rounds == 3 and type(cfg.train.rounds) is int
     assert cfg.privacy.epsilon == 4.0 and type(cfg.privacy.epsilon) is float
     assert type(cfg.train.learning_rate) is float
 
@@ -168,3 +168,24 @@ def test_one_setting_sizes_a_pass():
         TrainConfig(rows_per_pass=0)
     with pytest.raises(ConfigError, match="unknown key 'train.chunk_size'"):
         load_config(None, ["train.chunk_size=2"])
+
+
+def test_the_old_name_of_train_rounds_is_refused_with_the_new_one(tmp_path):
+    """T is train.rounds; train.steps (0.2.0) in a config file, an override or a dict is a
+    ConfigError naming the new key, never an alias (a saved run directory is read by
+    rundir.resume.as_written instead)."""
+    from dpgrpo.config import config_from_dict
+
+    path = tmp_path / "old.toml"
+    path.write_text("[train]\nsteps = 3\n")
+    renamed = r"train\.steps was renamed train\.rounds"
+    with pytest.raises(ConfigError, match=renamed) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(ConfigError, match=renamed):
+        load_config(None, ["train.steps=3"])
+    with pytest.raises(ConfigError, match=renamed):
+        apply_overrides(RunConfig(), ["train.steps=3"])
+    with pytest.raises(ConfigError, match=renamed):
+        config_from_dict({"train": {"steps": 3}})
+    assert load_config(None, ["train.rounds=3"]).train.rounds == 3

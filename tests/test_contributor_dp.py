@@ -99,7 +99,7 @@ def tiny_config(model_dir, mapping, *extra: str):
             f"data.data_dir={mapping.parent / 'data'}",
             "data.privacy_unit=contributor", f"data.contributors={mapping}",
             "data.per_contributor=2", "data.n_slots=8", "privacy.expected_batch=3",
-            "privacy.noise_multiplier=1.0", "train.steps=2", "train.group_size=2",
+            "privacy.noise_multiplier=1.0", "train.rounds=2", "train.group_size=2",
             "train.max_new_tokens=4", "train.checkpoint_every=1"]
     return apply_overrides(embedded_default(), base + list(extra))
 
@@ -137,7 +137,7 @@ def test_a_seeded_contributor_run_resumes_with_the_same_choices(tiny_model_dir, 
     from safetensors.torch import load_file
 
     mapping = _mapping(tmp_path, people=6, per_person=4)
-    cfg = tiny_config(tiny_model_dir, mapping, "privacy.seed=5", "train.steps=3",
+    cfg = tiny_config(tiny_model_dir, mapping, "privacy.seed=5", "train.rounds=3",
                       "privacy.expected_batch=6")
     full = train(cfg, tmp_path / "full")
     train(cfg, tmp_path / "part", stop_after=1)
@@ -216,7 +216,7 @@ def test_a_contributor_record_is_clipped_at_c_in_the_trainer(tiny_model_dir, tmp
     monkeypatch.setattr(mechanism, "noise_and_scale", spy_noise)
     mapping = _mapping(tmp_path, people=6, per_person=4)
     cfg = tiny_config(tiny_model_dir, mapping, f"privacy.clip_norm={clip}",
-                      "privacy.expected_batch=6", "train.steps=3")
+                      "privacy.expected_batch=6", "train.rounds=3")
     cert = train(cfg, tmp_path / "run").certificate
     assert cert["clip_norm"] == clip and cert["sigma"] == 1.0
     assert max(raw) > 4 * clip                   # records far above C reached the mechanism

@@ -74,7 +74,7 @@ def _train_worker(rank: int, world: int, port: int, model_dir: str, run_dir: str
 
     cfg = apply_overrides(embedded_default(), [
         f"model.name={model_dir}", "model.device=cpu", "data.limit=40", "privacy.expected_batch=8",
-        "privacy.noise_multiplier=1.0", "train.steps=2", "train.group_size=2",
+        "privacy.noise_multiplier=1.0", "train.rounds=2", "train.group_size=2",
         "train.max_new_tokens=5", "train.checkpoint_every=2"])
     seen = {}
     import dpgrpo.training.trainer as trainer

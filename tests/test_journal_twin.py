@@ -2,7 +2,7 @@
 
 The rounds after the newest checkpoint are proven only by the journal, so it is kept in two
 independent files, each charge fsynced to both before the round touches data. The repro shape of
-the issue: ``train.steps = 12``, ``train.checkpoint_every = 10``, interrupted after round 9 (no
+the issue: ``train.rounds = 12``, ``train.checkpoint_every = 10``, interrupted after round 9 (no
 checkpoint yet), one file damaged, resumed. With a single journal, keeping its first 3 lines
 certified 15 rounds for 21 run. Shape "after 11" adds the ledger and the certificate (written at
 round 10) to the damage: 11 rounds run, then 2 replayed from the round-10 checkpoint.
@@ -23,7 +23,7 @@ from faultkit import SIGMA, Q, memoized_accountant, tiny_config
 
 __all__ = ["memoized_accountant"]  # the autouse fixture, imported to apply here
 
-SHAPE = ("train.steps=12", "train.checkpoint_every=10")
+SHAPE = ("train.rounds=12", "train.checkpoint_every=10")
 JOURNALS = ("journal.jsonl", "journal-twin.jsonl")
 
 

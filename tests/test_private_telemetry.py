@@ -43,7 +43,7 @@ def _config(model_dir, data_dir, *extra: str):
         f"model.name={model_dir}", "model.device=cpu", "data.task=gsm8k",
         f"data.data_dir={data_dir}", "data.skip_invalid=true", "data.limit=none",
         "data.n_slots=20", "privacy.expected_batch=6", "privacy.noise_multiplier=1.0",
-        "train.steps=3", "train.group_size=2", "train.max_new_tokens=4",
+        "train.rounds=3", "train.group_size=2", "train.max_new_tokens=4",
         "train.checkpoint_every=1", "train.metrics=jsonl", *extra])
 
 

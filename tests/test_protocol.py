@@ -55,7 +55,7 @@ def test_protocol_end_to_end_two_seeds(tiny_protocol_toml, tmp_path):
     # Every private arm: the same q, sigma, T and epsilon; OS entropy, releasable.
     expected = compute_epsilon(40, 4, 2, 1.0, 1 / 400).epsilon
     certs = {n: _json(out / "runs" / n / "release" / "certificate.json") for n in names}
-    assert {(c["q"], c["sigma"], c["steps"], c["rounds_charged"]) for c in certs.values()} == {
+    assert {(c["q"], c["sigma"], c["rounds"], c["rounds_charged"]) for c in certs.values()} == {
         (0.1, 1.0, 2, 2)}
     assert {c["epsilon"] for c in certs.values()} == {expected} == {result.epsilon}
     assert all(c["releasable"] and not c["seeded"] for c in certs.values())
@@ -112,7 +112,7 @@ def test_settings_tables_recipes_and_refusals(tmp_path):
                            ({"non_private_seeds": 0}, "non_private_seeds must be >= 1"),
                            ({"recipes": {"gold-sft": {"privacy": {"expected_batch": 8}}}},
                             "sets 'privacy.expected_batch'"),
-                           ({"recipes": {"gold-sft": {"train": {"steps": 8}}}}, "'train.steps'")):
+                           ({"recipes": {"gold-sft": {"train": {"rounds": 8}}}}, "'train.rounds'")):
         with pytest.raises(ConfigError, match=message):
             protocol_settings(table)
 
@@ -138,17 +138,22 @@ def test_settings_tables_recipes_and_refusals(tmp_path):
     bad.write_text("[protocol]\nseeds = 2\n[nonsense]\nx = 1\n")
     with pytest.raises(ConfigError, match=r"unknown section \[nonsense\]"):
         load_protocol_config(bad)
-    cfg, table = load_protocol_config(None, ["train.steps=3"])
-    assert table == {} and cfg.train.steps == 3
+    cfg, table = load_protocol_config(None, ["train.rounds=3"])
+    assert table == {} and cfg.train.rounds == 3
     with pytest.raises(ConfigError, match="has no split 'dev'"):
         plan_protocol(cfg, protocol_settings({}, eval_split="dev"), tmp_path / "x")
 
-    cert = {"private": True, "n": 40, "q": 0.1, "sigma": 1.0, "steps": 2, "delta": 0.0025,
+    cert = {"private": True, "n": 40, "q": 0.1, "sigma": 1.0, "rounds": 2, "delta": 0.0025,
             "epsilon": 0.6}
     assert check_shared_budget({"a": cert, "b": {**cert, "epsilon": 0.7},
                                 "np": {"private": False, "sigma": 0.0}}) == 0.7
     with pytest.raises(PrivacyError, match="b differs from a in sigma"):
         check_shared_budget({"a": cert, "b": {**cert, "sigma": 0.9}})
+    # a certificate written by dpgrpo 0.2.0 names T "steps": the same T is the same budget
+    old = {k: v for k, v in cert.items() if k != "rounds"} | {"steps": 2}
+    assert check_shared_budget({"a": cert, "old": old}) == 0.6
+    with pytest.raises(PrivacyError, match="old differs from a in rounds"):
+        check_shared_budget({"a": cert, "old": old | {"steps": 3}})
 
 
 def test_a_run_saved_before_a_key_existed_counts_it_as_its_default(tmp_path):

@@ -12,14 +12,14 @@ from dpgrpo.training.metrics import PHASES, PUBLIC_KEYS, TIMING_KEYS, Laps, open
 
 
 def test_public_keys_are_the_allow_list():
-    assert PUBLIC_KEYS == {"round", "steps", "epsilon"}
+    assert PUBLIC_KEYS == {"round", "rounds", "epsilon"}
     assert TIMING_KEYS == {"elapsed", "time/round", "time/rollout", "time/reference",
                            "time/gradients", "time/mechanism", "time/step"}
 
 
 def test_logger_refuses_private_keys_and_writes_jsonl(tmp_path):
     logger = open_metrics(("jsonl",), tmp_path)
-    row = {"round": 1, "steps": 2, "epsilon": 0.5}
+    row = {"round": 1, "rounds": 2, "epsilon": 0.5}
     logger.log(row)
     for private in ("batch_size", "reward_mean", "length_mean", "clipped_records",
                     "elapsed", "time/reference", "time/round"):  # timings: opt-in only
@@ -53,7 +53,7 @@ def test_timings_need_the_opt_in_and_stay_on_the_machine_in_releasable_runs(tmp_
     """Issue 32, defect 3: per-phase times reveal the realized batch size."""
     from dpgrpo.config import apply_overrides, embedded_default
 
-    timed = {"round": 1, "steps": 2, "epsilon": 0.5, "elapsed": 3.0, "time/reference": 0.2}
+    timed = {"round": 1, "rounds": 2, "epsilon": 0.5, "elapsed": 3.0, "time/reference": 0.2}
     with pytest.raises(PrivacyError, match="reveal the realized batch size.*public_timings"):
         open_metrics(("jsonl",), tmp_path).log(timed)
     opted = open_metrics(("jsonl",), tmp_path / "opted", timings=True)

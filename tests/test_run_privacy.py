@@ -26,7 +26,7 @@ CANARY_BITS = [True, False, True, False, False, True]  # 3 of 6 canaries present
 
 CERTIFICATE_KEYS = {
     "epsilon", "delta", "delta_pld", "noise_tail_delta", "private", "arm", "q", "sigma",
-    "clip_norm", "n", "n_source", "expected_batch", "steps", "rounds_retained", "rounds_charged",
+    "clip_norm", "n", "n_source", "expected_batch", "rounds", "rounds_retained", "rounds_charged",
     "rounds_replayed", "crashes", "neighbouring_relation", "unit", "accountant",
     "accountant_version", "rdp_epsilon", "rdp_order", "ledger", "seeded", "releasable", "noise",
     "noise_generator", "trainable_coordinates", "model", "task", "group_size", "canary_slots",
@@ -47,7 +47,7 @@ NESTED_KEYS = {"events", "sampling_rate", "noise_multiplier", "count", "A1", "A2
 
 def tiny_config(model_dir, *extra: str) -> RunConfig:
     base = [f"model.name={model_dir}", "model.device=cpu", "data.limit=40",
-            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.steps=2",
+            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.rounds=2",
             "train.group_size=2", "train.max_new_tokens=4", "train.checkpoint_every=1"]
     return apply_overrides(embedded_default(), base + list(extra))
 
@@ -126,7 +126,7 @@ def test_certificate_states_the_noise_tail_n_source_and_crash_policy(canary_run)
 def test_progress_shows_public_values_only_by_default(canary_run):
     _, _, calls = canary_run
     assert [c["round"] for c in calls] == [1, 2]
-    assert all(set(c) == {"round", "steps", "epsilon", "elapsed"} for c in calls)
+    assert all(set(c) == {"round", "rounds", "epsilon", "elapsed"} for c in calls)
 
 
 def test_a_round_is_charged_before_its_rollouts(tiny_model_dir, tmp_path, monkeypatch):
@@ -251,7 +251,7 @@ def test_show_private_telemetry_flag_warns(tiny_model_dir, tmp_path):
 
     args = ["train", "--set", f"model.name={tiny_model_dir}", "--set", "model.device=cpu",
             "--set", "data.limit=40", "--set", "privacy.expected_batch=4", "--set",
-            "privacy.noise_multiplier=1.0", "--steps", "1", "--set", "train.group_size=2",
+            "privacy.noise_multiplier=1.0", "--rounds", "1", "--set", "train.group_size=2",
             "--set", "train.max_new_tokens=3", "--set", "train.checkpoint_every=1",
             "-o", str(tmp_path / "run"), "--quiet", "--show-private-telemetry"]
     out = CliRunner().invoke(app, args)

@@ -25,7 +25,7 @@ limit = 40
 expected_batch = 4
 epsilon = 8.0
 [train]
-steps = 2
+rounds = 2
 group_size = 2
 max_new_tokens = 4
 checkpoint_every = 2
@@ -211,10 +211,10 @@ def test_a_study_folder_holding_another_run_is_refused(tiny_model_dir: Path, tmp
     config.write_text(STUDY_TOML.format(model=tiny_model_dir))
     data = read_toml(config)
     data.pop("study"), data.pop("protocol")
-    cfg = apply_overrides(config_from_dict(data), ["train.steps=1", "data.limit=6"])
+    cfg = apply_overrides(config_from_dict(data), ["train.rounds=1", "data.limit=6"])
     _train_once(cfg, tmp_path / "run")
     with pytest.raises(ConfigError, match="trained with another config"):
-        _train_once(apply_overrides(cfg, ["train.steps=2"]), tmp_path / "run")
+        _train_once(apply_overrides(cfg, ["train.rounds=2"]), tmp_path / "run")
     with pytest.raises(ConfigError, match="no private twin"):
         private_twin(apply_overrides(cfg, ["train.arm=dp-grpo"]))
 

@@ -13,7 +13,7 @@ from dpgrpo.training.trainer import train
 @pytest.mark.slow
 def test_two_rounds_on_smollm2(tmp_path):
     cfg = apply_overrides(embedded_default(), [
-        "model.device=cpu", "data.limit=20", "privacy.expected_batch=2", "train.steps=2",
+        "model.device=cpu", "data.limit=20", "privacy.expected_batch=2", "train.rounds=2",
         "train.group_size=2", "train.max_new_tokens=12", "train.checkpoint_every=2"])
     result = train(cfg, tmp_path / "run")
     cert = result.certificate

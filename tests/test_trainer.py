@@ -18,7 +18,7 @@ from dpgrpo.training.trainer import train
 
 def tiny_config(model_dir, *extra: str):
     base = [f"model.name={model_dir}", "model.device=cpu", "data.limit=40",
-            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.steps=4",
+            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.rounds=4",
             "train.group_size=2", "train.max_new_tokens=6", "train.checkpoint_every=2"]
     return apply_overrides(embedded_default(), base + list(extra))
 
@@ -48,7 +48,7 @@ def test_release_and_recovery_split(tiny_model_dir, tmp_path):
     expected = compute_epsilon(40, 4, 4, 1.0, 1 / 400).epsilon
     assert cert["epsilon"] == pytest.approx(expected, rel=1e-12) and cert["delta"] == 1 / 400
     assert cert["q"] == 0.1 and cert["sigma"] == 1.0 and cert["clip_norm"] == 0.055
-    assert cert["n"] == 40 and cert["steps"] == 4 and cert["rounds_charged"] == 4
+    assert cert["n"] == 40 and cert["rounds"] == 4 and cert["rounds_charged"] == 4
     adapter_cfg = json.loads((release / "adapter_config.json").read_text())
     assert adapter_cfg["base_model_name_or_path"] == str(tiny_model_dir)  # the config's name
     assert cert["neighbouring_relation"] == "add-or-remove-one" and cert["releasable"] is True
@@ -100,7 +100,7 @@ def test_replayed_rounds_are_charged(tiny_model_dir, tmp_path):
 
 
 def test_existing_run_is_not_overwritten(tiny_model_dir, tmp_path):
-    cfg = tiny_config(tiny_model_dir, "train.steps=1", "train.checkpoint_every=1")
+    cfg = tiny_config(tiny_model_dir, "train.rounds=1", "train.checkpoint_every=1")
     train(cfg, tmp_path / "run")
     with pytest.raises(ConfigError, match="--resume"):
         train(cfg, tmp_path / "run")
@@ -119,12 +119,12 @@ def test_base_weights_never_change(tiny_model_dir, tmp_path, monkeypatch):
         return run
 
     monkeypatch.setattr("dpgrpo.training.trainer.build_run", spy)
-    train(tiny_config(tiny_model_dir, "train.steps=2"), tmp_path / "run")
+    train(tiny_config(tiny_model_dir, "train.rounds=2"), tmp_path / "run")
     assert base_weights_fingerprint(seen["run"].model) == seen["before"]
 
 
 def test_empty_batches_take_a_noise_step_and_are_charged(tiny_model_dir, tmp_path):
-    cfg = tiny_config(tiny_model_dir, "privacy.expected_batch=0.0001", "train.steps=2",
+    cfg = tiny_config(tiny_model_dir, "privacy.expected_batch=0.0001", "train.rounds=2",
                       "privacy.seed=3")
     result = train(cfg, tmp_path / "run")
     rows = [json.loads(x) for x in (tmp_path / "run" / "recovery" / "telemetry.jsonl").read_text().splitlines()]
@@ -143,7 +143,7 @@ def test_nonfinite_update_skips_step_but_is_charged(tiny_model_dir, tmp_path, mo
         return PrivatizedUpdate(update, 0, 0, 0)
 
     monkeypatch.setattr(trainer, "privatize", poisoned)
-    result = train(tiny_config(tiny_model_dir, "train.steps=2"), tmp_path / "run")
+    result = train(tiny_config(tiny_model_dir, "train.rounds=2"), tmp_path / "run")
     assert result.steps_skipped == 2 and result.certificate["rounds_charged"] == 2
     lora_b = [v for k, v in _adapter(tmp_path / "run").items() if "lora_B" in k]
     assert all(float(v.abs().sum()) == 0 for v in lora_b)  # no step was taken
@@ -153,7 +153,7 @@ def test_nonfinite_update_skips_step_but_is_charged(tiny_model_dir, tmp_path, mo
                                  "non-private", "filtered-sft", "gold-sft"])
 def test_every_arm_trains(tiny_model_dir, tmp_path, arm):
     extra = ["privacy.noise_multiplier=none"] if arm == "non-private" else []
-    cfg = tiny_config(tiny_model_dir, *extra, f"train.arm={arm}", "train.steps=2")
+    cfg = tiny_config(tiny_model_dir, *extra, f"train.arm={arm}", "train.rounds=2")
     cert = train(cfg, tmp_path / "run").certificate
     assert cert["arm"] == arm
     if arm == "non-private":
@@ -165,7 +165,7 @@ def test_every_arm_trains(tiny_model_dir, tmp_path, arm):
 
 def test_sigma_is_calibrated_from_epsilon(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, "privacy.noise_multiplier=none", "privacy.epsilon=4",
-                      "train.steps=1", "train.checkpoint_every=1")
+                      "train.rounds=1", "train.checkpoint_every=1")
     cert = train(cfg, tmp_path / "run").certificate
     assert cert["epsilon"] <= 4.0 and cert["target_epsilon"] == 4.0
     assert compute_epsilon(40, 4, 1, 0.999 * cert["sigma"], 1 / 400).epsilon > 4.0
@@ -182,7 +182,7 @@ def test_canary_slots_count_in_n_and_stay_secret(tiny_model_dir, tmp_path, monke
 
     bits = [False, True, False, False, True, False]  # fixed: 4 absent canaries, every time
     monkeypatch.setattr("dpgrpo.audit.canary.draw_inclusion", lambda k, generator=None: bits)
-    cfg = tiny_config(tiny_model_dir, "audit.canaries=6", "train.steps=2")
+    cfg = tiny_config(tiny_model_dir, "audit.canaries=6", "train.rounds=2")
     cert = train(cfg, tmp_path / "run").certificate
     assert cert["n"] == 46 and cert["canary_slots"] == 6 and cert["delta_pld"] == 1 / 460
     assert cert["q"] == 4 / 46 and list(CanaryPlan.load(tmp_path / "run" / "recovery" /
@@ -201,7 +201,7 @@ def test_train_cli_end_to_end_with_resume(tiny_model_dir, tmp_path):
 
     args = ["train", "--set", f"model.name={tiny_model_dir}", "--set", "model.device=cpu",
             "--set", "data.limit=40", "--set", "privacy.expected_batch=4", "--set",
-            "privacy.noise_multiplier=1.0", "--steps", "2", "--set", "train.group_size=2",
+            "privacy.noise_multiplier=1.0", "--rounds", "2", "--set", "train.group_size=2",
             "--set", "train.max_new_tokens=5", "--set", "train.checkpoint_every=1",
             "-o", str(tmp_path / "run"), "--quiet"]
     first = CliRunner().invoke(app, args)
@@ -216,7 +216,7 @@ def test_train_cli_end_to_end_with_resume(tiny_model_dir, tmp_path):
 
 
 def test_bfloat16_base_keeps_fp32_update_arithmetic(tiny_model_dir, tmp_path):
-    cfg = tiny_config(tiny_model_dir, "model.dtype=bfloat16", "train.steps=2")
+    cfg = tiny_config(tiny_model_dir, "model.dtype=bfloat16", "train.rounds=2")
     cert = train(cfg, tmp_path / "run").certificate
     lora = _adapter(tmp_path / "run")
     assert cert["rounds_charged"] == 2
@@ -228,7 +228,7 @@ def test_eval_a_trained_run_by_its_directory(tiny_model_dir, tmp_path):
 
     from dpgrpo.cli import app
 
-    train(tiny_config(tiny_model_dir, "train.steps=1", "train.checkpoint_every=1"), tmp_path / "run")
+    train(tiny_config(tiny_model_dir, "train.rounds=1", "train.checkpoint_every=1"), tmp_path / "run")
     out = CliRunner().invoke(app, ["eval", "--run", str(tmp_path / "run"), "--limit", "3",
                                    "--max-new-tokens", "4", "--out", str(tmp_path / "eval")])
     assert out.exit_code == 0, out.output

@@ -23,7 +23,7 @@ from dpgrpo.training.trainer import train
 
 def _config(model_dir, *extra: str):
     base = [f"model.name={model_dir}", "model.device=cpu", "data.limit=20",
-            "privacy.expected_batch=6", "privacy.noise_multiplier=1.0", "train.steps=3",
+            "privacy.expected_batch=6", "privacy.noise_multiplier=1.0", "train.rounds=3",
             "train.group_size=2", "train.max_new_tokens=4", "train.checkpoint_every=3",
             "model.lora_dropout=0.1"]
     return apply_overrides(embedded_default(), base + list(extra))

@@ -39,7 +39,7 @@ def test_a_grpo_config_object_maps_onto_the_run_config():
     t, p = settings.config().train, settings.config().privacy
     assert (t.loss_type, t.scale_rewards, t.group_size, t.max_new_tokens, t.beta) == \
         ("dr_grpo", "none", 6, 48, 0.04)
-    assert (t.temperature, t.top_p, t.repetition_penalty, t.learning_rate, t.steps) == \
+    assert (t.temperature, t.top_p, t.repetition_penalty, t.learning_rate, t.rounds) == \
         (0.7, 0.95, 1.05, 1e-2, 12)
     assert t.mask_truncated_completions and t.checkpoint_every == 6
     assert p.expected_batch == 8.0                                      # 48 completions / G 6
@@ -94,6 +94,6 @@ def test_trl_defaults_are_refused_for_dapo_and_a_change_fixes_it():
     assert any("max_steps=-1" in n for n in settings.notes)
     with pytest.raises(ConfigError, match="give num_generations too"):
         from_trl_config({"per_device_train_batch_size": 8})
-    vllm = from_trl_config({"use_vllm": True, "delta": 4.0}, overrides={"train.steps": 3})
-    assert vllm.overrides == {"train.rollout_engine": "vllm", "train.steps": 3}
+    vllm = from_trl_config({"use_vllm": True, "delta": 4.0}, overrides={"train.rounds": 3})
+    assert vllm.overrides == {"train.rollout_engine": "vllm", "train.rounds": 3}
     assert "not privacy.delta" in vllm.notes[0]

@@ -52,7 +52,7 @@ def test_n_comes_from_the_config_never_from_the_private_file(tmp_path):
     assert private_slots(load_config(None, ["data.task=arithmetic"])) == 1000
 
 
-@pytest.mark.parametrize("key", ["privacy.epsilon=4", "train.steps=3", "data.limit=5",
+@pytest.mark.parametrize("key", ["privacy.epsilon=4", "train.rounds=3", "data.limit=5",
                                  "privacy.noise_multiplier=2", "train.arm=non-private"])
 def test_a_grid_point_cannot_change_the_budget_or_the_data(key):
     with pytest.raises(ConfigError, match="epsilon, delta, n and T are the private run's"):
@@ -67,7 +67,7 @@ def test_the_proxy_run_keeps_n_delta_and_T_and_recalibrates_sigma(tmp_path):
     assert (cfg.data.task, cfg.data.n_slots, cfg.data.limit) == ("arithmetic-2", 40, 40)
     assert cfg.data.data_dir is None
     assert cfg.privacy.delta == pytest.approx(1 / 400) and cfg.privacy.noise_multiplier is None
-    assert cfg.train.steps == config.train.steps and cfg.audit.canaries == 0
+    assert cfg.train.rounds == config.train.rounds and cfg.audit.canaries == 0
     assert cfg.model.lora_train == "B" and cfg.privacy.expected_batch == 6
 
 
@@ -87,7 +87,7 @@ n_slots = 40
 epsilon = 8.0
 expected_batch = 4
 [train]
-steps = 1
+rounds = 1
 group_size = 2
 max_new_tokens = 4
 [tune]

@@ -13,7 +13,7 @@ several are summed)::
         problems=[{"question": "What is 2 + 3?", "answer": "5"}, ...],  # or a datasets.Dataset
         rewards=exact, n_slots=1000,           # public n: see below
         model="HuggingFaceTB/SmolLM2-135M-Instruct",  # or a transformers model / PeftModel
-        overrides={"train.steps": 50, "privacy.epsilon": 8}, out="runs/mine")
+        overrides={"train.rounds": 50, "privacy.epsilon": 8}, out="runs/mine")
     print(result.release_dir, result.certificate["epsilon"])
 
 The problems and rewards become one :class:`~dpgrpo.tasks.custom.RewardTask`, registered by
@@ -115,8 +115,8 @@ def prepare(config: RunConfig | str | Path | Mapping[str, Any] | None = None, *,
     ``config``: a RunConfig, a TOML path, nested dicts, or None (the embedded CPU demo).
     ``task``: a task name or a :class:`~dpgrpo.tasks.VerifiedTask`; with ``problems`` and
     ``rewards`` a task is built (:func:`dpgrpo.make_task`, ``task_options`` such as ``name``,
-    ``prompt``, ``reward_weights`` go there). ``overrides``: ``{"train.steps": 4}`` or
-    ``["train.steps=4"]``, applied last.
+    ``prompt``, ``reward_weights`` go there). ``overrides``: ``{"train.rounds": 4}`` or
+    ``["train.rounds=4"]``, applied last.
     """
     from dpgrpo.tasks import VerifiedTask, make_task
 

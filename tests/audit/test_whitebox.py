@@ -16,6 +16,7 @@ from dpgrpo.audit.mechanism_audit import (
     audit_mechanism,
     detection,
     require_passed,
+    setup_from_certificate,
 )
 from dpgrpo.audit.one_run import lower_bound_from_counts
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, simulate
@@ -32,7 +33,7 @@ from dpgrpo.audit.whitebox_stats import (
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
 #: The study's operating point (configs/cpu-study.toml): n 1,000, q 0.008, T 12, sigma 0.344.
-OPERATING = dict(n=1000, q=0.008, steps=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
+OPERATING = dict(n=1000, q=0.008, rounds=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
                  coordinates=1024, canaries=1000, certified_epsilon=8.0)
 
 
@@ -145,7 +146,7 @@ def test_verify_check_passes_and_fails_on_a_broken_mechanism():
 
 def _certificate(**kw):
     cert = {"private": True, "epsilon": 8.0, "delta": 1e-4, "q": 0.05, "sigma": 0.6,
-            "clip_norm": 0.055, "n": 200, "steps": 3, "trainable_coordinates": 256}
+            "clip_norm": 0.055, "n": 200, "rounds": 3, "trainable_coordinates": 256}
     return cert | kw
 
 
@@ -163,6 +164,15 @@ def test_study_step_audits_the_certificate_and_the_results_page_prints_it(tmp_pa
     assert again == json.loads((tmp_path / "mechanism" / "summary.json").read_text()) == audit
     text = _whitebox_sentence(audit)
     assert f"{audit['whitebox_bound']['epsilon_lower_bound']:.3f}" in text and "passed" in text
+
+
+def test_a_certificate_that_names_t_steps_is_audited_like_one_that_names_it_rounds():
+    """dpgrpo 0.2.0 wrote T as the certificate's "steps"; a released run outlives the name."""
+    old = {k: v for k, v in _certificate().items() if k != "rounds"} | {"steps": 3}
+    assert setup_from_certificate(old) == setup_from_certificate(_certificate())
+    assert setup_from_certificate(old).rounds == 3
+    with pytest.raises(KeyError, match="rounds"):          # neither name: not a certificate
+        setup_from_certificate({k: v for k, v in old.items() if k != "steps"})
 
 
 def test_cli_audits_a_run_and_fails_a_broken_mechanism(tmp_path):
@@ -227,7 +237,7 @@ n_slots = 208
 expected_batch = 52
 noise_multiplier = 1.0
 [train]
-steps = 2
+rounds = 2
 group_size = 2
 max_new_tokens = 4
 """
@@ -242,7 +252,7 @@ def test_end_to_end_mode_puts_canaries_among_real_gradients(tiny_model_dir, tmp_
     path.write_text(E2E_TOML.format(model=tiny_model_dir))
     cfg = load_config(path)
     setup, obs = simulate_end_to_end(cfg, tmp_path / "run", canaries=200, seed=1)
-    assert (setup.n, setup.q, setup.sigma, setup.steps) == (208, pytest.approx(0.25), 1.0, 2)
+    assert (setup.n, setup.q, setup.sigma, setup.rounds) == (208, pytest.approx(0.25), 1.0, 2)
     assert setup.coordinates >= 200 and obs.rounds.shape == (2, 200)
     assert np.isfinite(obs.rounds).all() and np.isfinite(obs.final).all()
     audit = audit_end_to_end(cfg, tmp_path / "run2", canaries=200, seed=2, selection="half",

@@ -16,7 +16,7 @@ import pytest
 
 from dpgrpo.cli import main
 
-TINY = ["--set", "model.device=cpu", "--set", "train.steps=1", "--set", "train.group_size=2",
+TINY = ["--set", "model.device=cpu", "--set", "train.rounds=1", "--set", "train.group_size=2",
         "--set", "train.max_new_tokens=2", "--set", "privacy.expected_batch=2",
         "--set", "privacy.noise_multiplier=1.0"]
 
@@ -58,9 +58,9 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
     latin = tmp / "latin1.toml"
     latin.write_bytes('[model]\nname = "caf\xe9"\n'.encode("latin-1"))
     return {
-        "steps = true": (["train", _toml(tmp, "[train]\nsteps = true\n")], "train.steps"),
+        "rounds = true": (["train", _toml(tmp, "[train]\nrounds = true\n")], "train.rounds"),
         "epsilon = true": (["train", _toml(tmp, "[privacy]\nepsilon = true\n")], "privacy.epsilon"),
-        "steps = 2.0": (["train", _toml(tmp, "[train]\nsteps = 2.0\n")], "train.steps"),
+        "rounds = 2.0": (["train", _toml(tmp, "[train]\nrounds = 2.0\n")], "train.rounds"),
         'epsilon = "8"': (["train", _toml(tmp, '[privacy]\nepsilon = "8"\n')], "privacy.epsilon"),
         "model.name = 1": (["train", _toml(tmp, "[model]\nname = 1\n")], "model.name"),
         "learning_rate = inf": (["train", _toml(tmp, "[train]\nlearning_rate = inf\n")],
@@ -86,20 +86,25 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
         "negative canaries": (run + ["--set", "audit.canaries=-1"], "audit.canaries"),
         "TOML not UTF-8": (["train", str(latin)], str(latin)),
         "privacy epsilon sigma 1e-3": (["privacy", "epsilon", "--n", "1000", "--expected-batch",
-                                        "10", "--steps", "50", "--sigma", "1e-3"], "--sigma"),
+                                        "10", "--rounds", "50", "--sigma", "1e-3"], "--sigma"),
         "privacy epsilon sigma 0.01": (["privacy", "epsilon", "--n", "1000", "--expected-batch",
-                                        "10", "--steps", "50", "--sigma", "0.01"], "--sigma"),
+                                        "10", "--rounds", "50", "--sigma", "0.01"], "--sigma"),
         "offline hub id": (["train", "--out", str(tmp / "run"), "--model",
                             "no-such-org/no-such-model", *TINY], "no-such-org/no-such-model"),
+        # train.steps was renamed: refused with the new name, never read as an alias
+        "old key in a TOML": (["train", _toml(tmp, "[train]\nsteps = 3\n")],
+                              "train.steps was renamed train.rounds"),
+        "old key in --set": (["train", "--set", "train.steps=3"],
+                             "train.steps was renamed train.rounds"),
     }
 
 
-CASES = ["steps = true", "epsilon = true", "steps = 2.0", 'epsilon = "8"', "model.name = 1",
+CASES = ["rounds = true", "epsilon = true", "rounds = 2.0", 'epsilon = "8"', "model.name = 1",
          "learning_rate = inf", "beta = inf", "temperature = inf", "max_new_tokens = 0",
          "every record invalid", "a record over 1 MiB", "task syntax error", "task raises on import",
          "task factory raises", "device cuda without CUDA", "bogus device", "tiny sigma",
          "negative seed", "negative canaries", "TOML not UTF-8", "privacy epsilon sigma 1e-3",
-         "privacy epsilon sigma 0.01", "offline hub id"]
+         "privacy epsilon sigma 0.01", "offline hub id", "old key in a TOML", "old key in --set"]
 
 
 def _run(argv: list[str], capsys) -> tuple[int, list[str]]:
@@ -199,7 +204,7 @@ def test_an_unguarded_full_or_read_only_disk_is_one_error_line(code, needle, tmp
         raise OSError(code, os.strerror(code), str(tmp_path / "somewhere"))
 
     monkeypatch.setattr(accounting, "compute_epsilon", failing)
-    argv = ["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--steps", "5",
+    argv = ["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--rounds", "5",
             "--sigma", "1.0"]
     code_, lines = _run(argv, capsys)
     _assert_one_error_line(code_, lines, needle)
@@ -214,5 +219,5 @@ def test_other_os_errors_are_not_disguised_as_a_full_disk(monkeypatch):
 
     monkeypatch.setattr(accounting, "compute_epsilon", failing)
     with pytest.raises(OSError, match="Input/output"):
-        main(["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--steps", "5",
+        main(["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--rounds", "5",
               "--sigma", "1.0"])

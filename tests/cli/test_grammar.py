@@ -38,6 +38,11 @@ def test_output_and_json_flags_agree_across_commands():
     # the spellings of 0.1 are gone (CHANGELOG.md), not hidden
     assert "--output-dir" not in _options(["train"]) and "--config" not in _options(["protocol"])
     assert "--replace-one" not in _options(["privacy", "convert"])
+    # T is "rounds" everywhere: --steps is gone (a typer usage error), not an alias
+    for path in (["train"], ["privacy", "calibrate"], ["privacy", "epsilon"],
+                 ["privacy", "convert"]):
+        assert "--steps" not in _options(path) and _options(path).get("--rounds") is False, path
+    assert CliRunner().invoke(app, ["train", "--steps", "3"]).exit_code == 2
 
 
 def test_verify_json_prints_and_out_writes_the_record(tmp_path, monkeypatch):

@@ -17,18 +17,18 @@ def _dpgrpo(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_calibrate_json_contract():
-    out = _dpgrpo("privacy", "calibrate", "--n", "6961", "--expected-batch", "128", "--steps",
+    out = _dpgrpo("privacy", "calibrate", "--n", "6961", "--expected-batch", "128", "--rounds",
                   "100", "--epsilon", "8", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert {"sigma", "epsilon", "delta", "q", "steps", "rdp_epsilon"} <= data.keys()
+    assert {"sigma", "epsilon", "delta", "q", "rounds", "rdp_epsilon"} <= data.keys()
     assert abs(data["sigma"] / 0.5196564674377442 - 1) < 1e-6
     assert data["epsilon"] <= 8.0 and data["delta"] == pytest.approx(1 / 69610)
-    assert data["q"] == pytest.approx(128 / 6961) and data["steps"] == 100
+    assert data["q"] == pytest.approx(128 / 6961) and data["rounds"] == 100
 
 
 def test_epsilon_json_contract():
-    out = _dpgrpo("privacy", "epsilon", "--n", "6988", "--expected-batch", "128", "--steps", "50",
+    out = _dpgrpo("privacy", "epsilon", "--n", "6988", "--expected-batch", "128", "--rounds", "50",
                   "--sigma", "0.4842404738068581", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -37,11 +37,11 @@ def test_epsilon_json_contract():
 
 
 @pytest.mark.parametrize("args", [
-    ["epsilon", "--n", "100", "--expected-batch", "10", "--steps", "5", "--sigma", "0"],
-    ["epsilon", "--n", "100", "--expected-batch", "10", "--steps", "5", "--sigma", "-1"],
-    ["calibrate", "--n", "100", "--expected-batch", "200", "--steps", "5", "--epsilon", "1"],
-    ["calibrate", "--n", "100", "--expected-batch", "10", "--steps", "5", "--epsilon", "0"],
-    ["calibrate", "--n", "100", "--expected-batch", "10", "--steps", "5", "--epsilon", "1",
+    ["epsilon", "--n", "100", "--expected-batch", "10", "--rounds", "5", "--sigma", "0"],
+    ["epsilon", "--n", "100", "--expected-batch", "10", "--rounds", "5", "--sigma", "-1"],
+    ["calibrate", "--n", "100", "--expected-batch", "200", "--rounds", "5", "--epsilon", "1"],
+    ["calibrate", "--n", "100", "--expected-batch", "10", "--rounds", "5", "--epsilon", "0"],
+    ["calibrate", "--n", "100", "--expected-batch", "10", "--rounds", "5", "--epsilon", "1",
      "--delta", "1"],
 ])
 def test_bad_arguments_exit_nonzero_with_one_line(args):
@@ -105,7 +105,7 @@ def _convert(*args: str) -> dict:
     return json.loads(result.output)
 
 
-MECHANISM = ["--n", "1000", "--expected-batch", "20", "--steps", "30", "--sigma", "1.0"]
+MECHANISM = ["--n", "1000", "--expected-batch", "20", "--rounds", "30", "--sigma", "1.0"]
 
 
 def test_convert_accounts_the_mechanism_and_the_ledger(tmp_path):
@@ -143,7 +143,7 @@ def test_convert_from_epsilon_alone_is_the_generic_conversion():
     ["--epsilon", "8"],  # no delta
     ["--epsilon", "8", "--delta", "1e-5", *MECHANISM],  # two sources
     [],  # no source
-    ["--n", "1000", "--steps", "30"],  # incomplete mechanism
+    ["--n", "1000", "--rounds", "30"],  # incomplete mechanism
     [*MECHANISM[:-1], "0"],  # sigma 0
     [*MECHANISM, "--group", "0"],
     [*MECHANISM, "--relation", "swap"],

@@ -22,7 +22,7 @@ def test_privacy_report_calibrates_the_gsm8k_setting(tmp_path: Path) -> None:
     """n = 6,961 slots, m = 128, T = 100, epsilon = 8: sigma of Table VII, PLD 8.000."""
     cfg = tmp_path / "gsm8k-shape.toml"
     cfg.write_text('[data]\ntask = "arithmetic"\nn_slots = 6961\n[privacy]\nepsilon = 8.0\n'
-                   "expected_batch = 128\n[train]\nsteps = 100\n")
+                   "expected_batch = 128\n[train]\nrounds = 100\n")
     out = tmp_path / "report" / "budget.md"
     result = _invoke("privacy", "report", str(cfg), "--out", str(out), "--json")
     assert result.exit_code == 0, result.output

@@ -36,7 +36,7 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tiny_model_dir, tmp_path):
         # a shell starts background jobs with SIGINT ignored, and Python then never raises
         # KeyboardInterrupt: give the child the handler a terminal's Ctrl-C would meet
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        main(tiny_args(tiny_model_dir, run_dir, "--steps", "500"))
+        main(tiny_args(tiny_model_dir, run_dir, "--rounds", "500"))
 
     pid = os.fork()
     if pid == 0:
@@ -66,7 +66,7 @@ def test_second_writer_gets_one_line_naming_the_pid(tiny_model_dir, tmp_path, ca
     run_dir = tmp_path / "run"
     with RunLock(run_dir):
         with pytest.raises(SystemExit) as exit_:
-            main(tiny_args(tiny_model_dir, run_dir, "--steps", "1"))
+            main(tiny_args(tiny_model_dir, run_dir, "--rounds", "1"))
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and err[0].startswith("run directory: ") and len(err) == 2
     assert err[1].startswith("error: ") and f"pid {os.getpid()}" in err[1]

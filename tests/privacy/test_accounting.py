@@ -33,9 +33,9 @@ TABLE_VI = [
 ]
 
 
-@pytest.mark.parametrize("name,n,m,sigma,steps,pld,rdp,order", TABLE_VI, ids=[r[0] for r in TABLE_VI])
-def test_paper_table_vi(name, n, m, sigma, steps, pld, rdp, order):
-    report = compute_epsilon(n, m, steps, sigma)
+@pytest.mark.parametrize("name,n,m,sigma,rounds,pld,rdp,order", TABLE_VI, ids=[r[0] for r in TABLE_VI])
+def test_paper_table_vi(name, n, m, sigma, rounds, pld, rdp, order):
+    report = compute_epsilon(n, m, rounds, sigma)
     assert report.delta == pytest.approx(1 / (10 * n))
     assert round(report.epsilon, 3) == pytest.approx(pld, abs=1e-9)
     assert report.rdp_epsilon == pytest.approx(rdp, rel=0.01)
@@ -47,26 +47,26 @@ def test_jax_privacy_reference_value():
 
 
 def test_epsilon_properties():
-    base = dict(n=1000, expected_batch=20, steps=20, sigma=1.0, delta=1e-5)
+    base = dict(n=1000, expected_batch=20, rounds=20, sigma=1.0, delta=1e-5)
     e0 = compute_epsilon(**base).epsilon
     assert compute_epsilon(**{**base, "sigma": 1.2}).epsilon < e0  # decreases in sigma
-    assert compute_epsilon(**{**base, "steps": 40}).epsilon > e0  # increases in T
+    assert compute_epsilon(**{**base, "rounds": 40}).epsilon > e0  # increases in T
     assert compute_epsilon(**{**base, "expected_batch": 40}).epsilon > e0  # increases in q
     assert compute_epsilon(**base).rdp_epsilon >= e0  # RDP is the looser bound
 
 
-@pytest.mark.parametrize("n,m,steps,target,paper_sigma", [
+@pytest.mark.parametrize("n,m,rounds,target,paper_sigma", [
     (6988, 128, 50, 8.0, 0.4842404738068581),
     (6961, 128, 100, 8.0, 0.5196564674377442),
 ])
-def test_calibration_meets_target_and_is_smallest(n, m, steps, target, paper_sigma):
-    cal = calibrate(n, m, steps, target)
+def test_calibration_meets_target_and_is_smallest(n, m, rounds, target, paper_sigma):
+    cal = calibrate(n, m, rounds, target)
     assert cal.epsilon <= target  # never overshoots
     assert cal.epsilon_below > target  # a certified point just below misses the target
     assert cal.sigma_below < cal.sigma <= cal.sigma_below * (1 + 1e-6)
     assert abs(cal.sigma / paper_sigma - 1) < 1e-6  # Table VII, full precision
-    assert compute_epsilon(n, m, steps, 0.999 * cal.sigma).epsilon > target
-    assert compute_epsilon(n, m, steps, cal.sigma).epsilon == pytest.approx(cal.epsilon, abs=0)
+    assert compute_epsilon(n, m, rounds, 0.999 * cal.sigma).epsilon > target
+    assert compute_epsilon(n, m, rounds, cal.sigma).epsilon == pytest.approx(cal.epsilon, abs=0)
 
 
 def test_calibration_sequential_path_agrees():
@@ -76,10 +76,10 @@ def test_calibration_sequential_path_agrees():
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(n=100, expected_batch=200, steps=10, epsilon=1.0),  # m > n
-    dict(n=100, expected_batch=10, steps=10, epsilon=0.0),  # eps <= 0
-    dict(n=100, expected_batch=10, steps=10, epsilon=1.0, delta=1.0),  # delta >= 1
-    dict(n=100, expected_batch=10, steps=0, epsilon=1.0),
+    dict(n=100, expected_batch=200, rounds=10, epsilon=1.0),  # m > n
+    dict(n=100, expected_batch=10, rounds=10, epsilon=0.0),  # eps <= 0
+    dict(n=100, expected_batch=10, rounds=10, epsilon=1.0, delta=1.0),  # delta >= 1
+    dict(n=100, expected_batch=10, rounds=0, epsilon=1.0),
 ])
 def test_bad_calibration_arguments(kwargs):
     with pytest.raises(PrivacyBudgetError):
@@ -95,9 +95,9 @@ def test_an_epsilon_met_only_below_the_sigma_floor_is_refused_before_the_fine_gr
     seen = []
     original = calibration._eps_single
 
-    def spy(q, sigma, steps, delta, vdi):
+    def spy(q, sigma, rounds, delta, vdi):
         seen.append((sigma, vdi))
-        return original(q, sigma, steps, delta, vdi)
+        return original(q, sigma, rounds, delta, vdi)
 
     monkeypatch.setattr(calibration, "_eps_single", spy)
     with pytest.raises(PrivacyBudgetError, match="below 0.0484.*smaller epsilon"):
@@ -185,10 +185,10 @@ def bare_run():
 
     cfg = embedded_default()
     n = len(load_problems(get_task(cfg.data.task), cfg.data.split, cfg.data.data_dir))
-    m, steps, delta = cfg.privacy.expected_batch, cfg.train.steps, default_delta(n)
-    sigma = calibrate(n, m, steps, cfg.privacy.epsilon, delta).sigma
-    assert (n, m, steps, delta) == (1000, 2.0, 12, 1e-4) and abs(sigma - 0.2922) < 1e-4
-    return [RoundEvent(m / n, sigma, steps)], delta
+    m, rounds, delta = cfg.privacy.expected_batch, cfg.train.rounds, default_delta(n)
+    sigma = calibrate(n, m, rounds, cfg.privacy.epsilon, delta).sigma
+    assert (n, m, rounds, delta) == (1000, 2.0, 12, 1e-4) and abs(sigma - 0.2922) < 1e-4
+    return [RoundEvent(m / n, sigma, rounds)], delta
 
 
 def test_bare_run_replace_one_and_group_figures(bare_run):

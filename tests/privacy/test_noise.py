@@ -234,9 +234,9 @@ def test_tail_term_of_the_paper_presets_is_below_one_percent_of_delta(preset):
     count = public_slot_count(n_slots=cfg.data.n_slots, limit=cfg.data.limit, problems=0,
                               source_rows=0, canaries=cfg.audit.canaries, embedded=False)
     delta = 1 / (10 * count.n)
-    tail = noise_tail_delta(d, cfg.train.steps, cfg.privacy.epsilon)  # certified eps <= target
+    tail = noise_tail_delta(d, cfg.train.rounds, cfg.privacy.epsilon)  # certified eps <= target
     assert count.source == "data.limit" and 0 < tail < 0.01 * delta
-    assert tail == pytest.approx((1 + math.exp(8.0)) * cfg.train.steps * 4 * d * 2.0 ** -256)
+    assert tail == pytest.approx((1 + math.exp(8.0)) * cfg.train.rounds * 4 * d * 2.0 ** -256)
     check_noise_tail(tail, delta)
 
 

@@ -34,7 +34,7 @@ def test_slots_follow_limit_canaries_and_n_slots():
 def test_row_uses_default_delta_and_the_given_sigma():
     cfg = apply_overrides(embedded_default(), ["data.limit=40", "audit.canaries=5",
                                                "privacy.expected_batch=4",
-                                               "privacy.noise_multiplier=1.0", "train.steps=2"])
+                                               "privacy.noise_multiplier=1.0", "train.rounds=2"])
     row = resolve_budget(cfg, "tiny")
     expected = compute_epsilon(45, 4, 2, 1.0, 1 / 450)
     assert (row.n, row.m, row.sigma, row.T) == (45, 4.0, 1.0, 2)
@@ -60,7 +60,7 @@ n_slots = 6988
 expected_batch = 128
 noise_multiplier = {MATH_SIGMA!r}
 [train]
-steps = 50
+rounds = 50
 [protocol]
 seeds = 2
 """)
@@ -71,7 +71,7 @@ limit = 40
 expected_batch = 4
 noise_multiplier = 1.0
 [train]
-steps = 2
+rounds = 2
 """)
     rows = budget_rows([cfg, tiny])
     math_row, tiny_row = rows

@@ -30,7 +30,7 @@ def _config(mapping: Path, *extra: str):
     return apply_overrides(embedded_default(), [
         "data.privacy_unit=contributor", f"data.contributors={mapping}",
         "data.per_contributor=2", "privacy.expected_batch=8", "privacy.noise_multiplier=1.0",
-        "train.steps=3", *extra])
+        "train.rounds=3", *extra])
 
 
 def test_contributor_slots_and_the_comparison(tmp_path):
@@ -60,7 +60,7 @@ def test_privacy_report_prints_the_contributor_comparison(tmp_path):
     cfg.write_text(f'[data]\nprivacy_unit = "contributor"\ncontributors = "{mapping}"\n'
                    "per_contributor = 2\nn_slots = 250\n"
                    "[privacy]\nnoise_multiplier = 0.9\nexpected_batch = 8\n"
-                   "[train]\nsteps = 3\n")
+                   "[train]\nrounds = 3\n")
     out = tmp_path / "budget.md"
     result = CliRunner().invoke(app, ["privacy", "report", str(cfg), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
@@ -86,8 +86,8 @@ def test_a_calibrated_comparison_targets_the_same_epsilon_at_the_same_delta(tmp_
 
     calls = []
 
-    def fake_calibrate(n, m, steps, epsilon, delta):
-        calls.append((n, m, steps, epsilon, delta))
+    def fake_calibrate(n, m, rounds, epsilon, delta):
+        calls.append((n, m, rounds, epsilon, delta))
         return SimpleNamespace(sigma={250: 1.2, 1000: 0.8}[n])
 
     monkeypatch.setattr(accounting, "calibrate", fake_calibrate)
@@ -95,7 +95,7 @@ def test_a_calibrated_comparison_targets_the_same_epsilon_at_the_same_delta(tmp_
         "data.privacy_unit=contributor", f"data.contributors={_mapping(tmp_path, 4)}",
         "data.per_contributor=4", "data.n_slots=250", "privacy.expected_batch=8",
         "privacy.epsilon=4.0",
-        "train.steps=3"])
+        "train.rounds=3"])
     row = resolve_budget(cfg, "people")
     assert calls == [(250, 8, 3, 4.0, 1 / 2500), (1000, 8, 3, 4.0, 1 / 2500)]
     c = row.contributor

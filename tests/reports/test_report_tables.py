@@ -11,7 +11,7 @@ TABLE_VI = [
     {"configuration": "MATH, ε=1 arm", "n": 6988, "m": 128, "sigma": 1.002, "T": 50,
      "pld_epsilon": 1.0, "rdp_epsilon": 1.4634, "rdp_order": 7.6},
     {"configuration": "MATH, reference", "n": 6988, "m": 128, "noise_multiplier": 0.484,
-     "steps": 50, "pld_epsilon": 8.0, "rdp_epsilon": 9.83, "rdp_order": 2.3},
+     "rounds": 50, "pld_epsilon": 8.0, "rdp_epsilon": 9.83, "rdp_order": 2.3},
     {"configuration": "GSM8K, CSQA", "n": 6961, "m": 128, "sigma": 0.52, "T": 100,
      "pld_epsilon": 7.99999, "rdp_epsilon": 9.701, "rdp_order": 2.3},
 ]
@@ -25,6 +25,8 @@ def test_privacy_budget_table_matches_table_vi() -> None:
     assert lines[3] == "| MATH, reference | 6,988 | (128, 0.484, 50) | 8.000 | 9.830 (2.3) |"
     assert lines[4] == "| GSM8K, CSQA | 6,961 | (128, 0.520, 100) | 8.000 | 9.701 (2.3) |"
     assert len(lines) == 5
+    old = {**{k: v for k, v in TABLE_VI[1].items() if k != "rounds"}, "steps": 50}  # 0.2.0's name
+    assert privacy_budget_table([old]).splitlines()[2] == lines[3]
 
 
 def test_privacy_budget_table_optional_columns() -> None:
@@ -36,7 +38,7 @@ def test_privacy_budget_table_optional_columns() -> None:
 
 
 def test_privacy_budget_table_errors_name_row_and_field() -> None:
-    bad = [TABLE_VI[0], {k: v for k, v in TABLE_VI[1].items() if k != "steps"}]
+    bad = [TABLE_VI[0], {k: v for k, v in TABLE_VI[1].items() if k != "rounds"}]
     with pytest.raises(DataError, match="line 2, field 'T'"):
         privacy_budget_table(bad)
     with pytest.raises(DataError, match="line 1, field 'pld_epsilon': expected a number"):

@@ -65,10 +65,10 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
     if absent.size < canaries:
         raise ConfigError(f"{canaries} gradient canaries need as many absent slots; the run has "
                           f"{absent.size}: raise data.n_slots above the records")
-    steps = config.train.steps
-    setup = AuditSetup(n=run.n, q=run.q, steps=steps, sigma=run.sigma, clip_norm=run.clip_norm,
+    total = config.train.rounds                         # T
+    setup = AuditSetup(n=run.n, q=run.q, rounds=total, sigma=run.sigma, clip_norm=run.clip_norm,
                        delta=run.delta, coordinates=run.coordinates, canaries=canaries,
-                       certified_epsilon=pld_epsilon([RoundEvent(run.q, run.sigma, steps)],
+                       certified_epsilon=pld_epsilon([RoundEvent(run.q, run.sigma, total)],
                                                      run.delta),
                        canary_scale=canary_scale, learning_rate=config.train.learning_rate,
                        weight_decay=config.train.weight_decay, direction_seed=direction_seed)
@@ -82,8 +82,8 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
     before = _flat({k: p.detach().clone() for k, p in params.items()}, names)
     arm, mech = make_arm(config, run.policy, run.task), MECHANISMS[mechanism]
     units = run.expected_batch / (run.sigma * run.clip_norm)
-    rounds = np.empty((steps, canaries))
-    for t in range(steps):
+    rounds = np.empty((total, canaries))
+    for t in range(total):
         sampled = run.sampler.sample()
         mine = [int(i) for i in sampled if run.slots[i] is not None]
         records = [run.slots[i] for i in mine]

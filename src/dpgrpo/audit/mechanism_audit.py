@@ -36,6 +36,7 @@ from dpgrpo.audit.whitebox_stats import (
     sum_statistic,
 )
 from dpgrpo.errors import ConfigError, MechanismAuditError
+from dpgrpo.release.files import certified_rounds
 
 #: Model-free audits put K canaries in K slots of their own beside the run's n (same q), so K
 #: is not limited by n; with the bound at delta' = 0.01/K (whitebox.BOUND_DELTA_MASS), about
@@ -79,7 +80,7 @@ def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
     delta = s.bound_delta
     info: dict[str, Any] = {}
     if selection == "design":
-        ks, expected = design(s.canaries, s.q, s.sigma, s.steps, delta, confidence)
+        ks, expected = design(s.canaries, s.q, s.sigma, s.rounds, delta, confidence)
         info = {"design_median_bound": expected}
         wb = one_run_bound(scores, obs.included, delta=delta, confidence=confidence,
                            selection="design", ks=ks)
@@ -102,7 +103,7 @@ def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
         whitebox_bound=wb, final_bound=final,
         whitebox_fit=gaussian_fit(sum_statistic(obs.rounds), obs.included, setup.delta).to_dict(),
         final_fit=gaussian_fit(obs.final, obs.included, setup.delta).to_dict(),
-        analytic=analytic(setup.q, setup.sigma, setup.steps, setup.delta,
+        analytic=analytic(setup.q, setup.sigma, setup.rounds, setup.delta,
                           bound_delta=setup.bound_delta) | info,
         seconds=obs.seconds)
 
@@ -164,7 +165,8 @@ def setup_from_certificate(cert: dict, *, canaries: int | None = None, **overrid
         raise ConfigError("the certificate is not of a private run: nothing to audit")
     k = DEFAULT_CANARIES if canaries is None else canaries
     n = int(cert["n"]) + k                  # the canaries' slots beside the run's own
-    fields = dict(n=n, q=float(cert["q"]), steps=int(cert["steps"]), sigma=float(cert["sigma"]),
+    fields = dict(n=n, q=float(cert["q"]), rounds=int(certified_rounds(cert)),
+                  sigma=float(cert["sigma"]),
                   clip_norm=float(cert["clip_norm"]), delta=float(cert["delta"]),
                   coordinates=max(int(cert.get("trainable_coordinates") or 0), k),
                   canaries=k, certified_epsilon=float(cert["epsilon"]))
@@ -185,14 +187,14 @@ def setup_from_config(config: Any, *, canaries: int | None = None, **overrides: 
                           "(or audit a trained run's certificate with --run)")
     q = sampling_rate(int(n), p.expected_batch)
     delta = p.delta or default_delta(int(n))
-    steps = config.train.steps
-    sigma = p.noise_multiplier or calibrate(int(n), p.expected_batch, steps, p.epsilon,
+    rounds = config.train.rounds
+    sigma = p.noise_multiplier or calibrate(int(n), p.expected_batch, rounds, p.epsilon,
                                             delta).sigma
     k = DEFAULT_CANARIES if canaries is None else canaries
-    fields = dict(n=int(n) + k, q=q, steps=steps, sigma=float(sigma), clip_norm=p.clip_norm,
+    fields = dict(n=int(n) + k, q=q, rounds=rounds, sigma=float(sigma), clip_norm=p.clip_norm,
                   delta=delta,
                   coordinates=max(k, 4096), canaries=k,
-                  certified_epsilon=pld_epsilon([RoundEvent(q, float(sigma), steps)], delta),
+                  certified_epsilon=pld_epsilon([RoundEvent(q, float(sigma), rounds)], delta),
                   learning_rate=config.train.learning_rate,
                   weight_decay=config.train.weight_decay)
     return AuditSetup(**(fields | overrides))
@@ -228,7 +230,7 @@ def summary_lines(audit: MechanismAudit) -> str:
     wb, fb, wf, ff = audit.whitebox_bound, audit.final_bound, audit.whitebox_fit, audit.final_fit
     lines = [
         f"mechanism audit ({audit.mechanism}): K = {s['canaries']} gradient canaries, n = "
-        f"{s['n']}, q = {s['q']:.4g}, T = {s['steps']}, sigma = {s['sigma']:.4g}, C = "
+        f"{s['n']}, q = {s['q']:.4g}, T = {s['rounds']}, sigma = {s['sigma']:.4g}, C = "
         f"{s['clip_norm']:.4g}, d = {s['coordinates']}, delta = {s['delta']:.3g}; certified "
         f"epsilon {cert}",
         f"  one-run lower bound ({wb['confidence']:.0%}, at delta' = {a['bound_delta']:.2g}, where "

@@ -65,7 +65,7 @@ class AuditSetup:
 
     n: int
     q: float
-    steps: int
+    rounds: int
     sigma: float
     clip_norm: float
     delta: float
@@ -81,8 +81,8 @@ class AuditSetup:
     def __post_init__(self) -> None:
         if not 1 <= self.canaries <= self.n:
             raise ConfigError(f"need 1 <= canaries <= n = {self.n}, got {self.canaries}")
-        if not 0.0 < self.q <= 1.0 or self.steps < 1:
-            raise ConfigError(f"need 0 < q <= 1 and T >= 1, got q = {self.q}, T = {self.steps}")
+        if not 0.0 < self.q <= 1.0 or self.rounds < 1:
+            raise ConfigError(f"need 0 < q <= 1 and T >= 1, got q = {self.q}, T = {self.rounds}")
         if not (self.sigma > 0 and self.clip_norm > 0 and math.isfinite(self.clip_norm)):
             raise ConfigError("the audit needs a private mechanism: sigma > 0 and a finite C > 0")
         if not 0.0 < self.delta < 1.0:
@@ -209,8 +209,8 @@ def simulate(setup: AuditSetup, mechanism: str = "correct", *,
     opt = torch.optim.AdamW([theta], lr=s.learning_rate, weight_decay=s.weight_decay)
     half = d // 2
     units = s.expected_batch / (s.sigma * s.clip_norm)
-    rounds = np.empty((s.steps, k))
-    for t in range(s.steps):
+    rounds = np.empty((s.rounds, k))
+    for t in range(s.rounds):
         slots = sampler.sample()
         present = slots[slots < k]
         present = present[included[present]]                    # null records: excluded canaries

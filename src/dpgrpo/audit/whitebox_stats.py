@@ -115,23 +115,23 @@ def _bound(scores: np.ndarray, included: np.ndarray, ks: tuple[int, int], delta:
                                    tol=tol), r, v
 
 
-def _simulated_audits(m: int, q: float, sigma: float, steps: int, trials: int, seed: int):
+def _simulated_audits(m: int, q: float, sigma: float, rounds: int, trials: int, seed: int):
     """``trials`` white-box audits of the certified mechanism simulated from public
     parameters: (inclusion bits, Poisson coins of included canaries, likelihood-ratio scores)."""
     rng = np.random.default_rng(seed)
     for _ in range(trials):
         bits = rng.random(m) < 0.5
-        coins = (rng.random((steps, m)) < q) & bits
-        yield bits, coins, llr_scores(rng.standard_normal((steps, m)) + coins / sigma, q, sigma)
+        coins = (rng.random((rounds, m)) < q) & bits
+        yield bits, coins, llr_scores(rng.standard_normal((rounds, m)) + coins / sigma, q, sigma)
 
 
 @lru_cache(maxsize=16)
-def design(m: int, q: float, sigma: float, steps: int, delta: float, confidence: float = 0.95,
+def design(m: int, q: float, sigma: float, rounds: int, delta: float, confidence: float = 0.95,
            trials: int = DESIGN_TRIALS, seed: int = 0) -> tuple[tuple[int, int], float]:
     """(k_plus, k_minus) fixed in advance, and the median bound it reaches, by simulating the
     certified mechanism's white-box scores (public parameters and a public seed only)."""
     table: dict[tuple[int, int], list[float]] = {ks: [] for ks in _grid(m)}
-    for bits, _, scores in _simulated_audits(m, q, sigma, steps, trials, seed):
+    for bits, _, scores in _simulated_audits(m, q, sigma, rounds, trials, seed):
         for ks in table:
             table[ks].append(_bound(scores, bits, ks, delta, confidence, tol=1e-3)[0])
     best = max(table, key=lambda ks: (float(np.median(table[ks])), -ks[0] - ks[1]))
@@ -177,7 +177,7 @@ class Ceiling(_Record):
 
 
 @lru_cache(maxsize=16)
-def ceiling_design(m: int, q: float, sigma: float, steps: int, confidence: float = 0.95,
+def ceiling_design(m: int, q: float, sigma: float, rounds: int, confidence: float = 0.95,
                    trials: int = DESIGN_TRIALS, seed: int = 0) -> Ceiling:
     """Simulate the certified mechanism's white-box scores (public parameters and a public
     seed, like :func:`design`) and report :class:`Ceiling`: with the likelihood-ratio score
@@ -186,7 +186,7 @@ def ceiling_design(m: int, q: float, sigma: float, steps: int, confidence: float
     at this (m, q, sigma, T) without a mechanism that leaks more than certified."""
     table: dict[tuple[int, int], list[float]] = {ks: [] for ks in _grid(m)}
     oracle = []
-    for bits, coins, scores in _simulated_audits(m, q, sigma, steps, trials, seed):
+    for bits, coins, scores in _simulated_audits(m, q, sigma, rounds, trials, seed):
         for ks in table:
             r, v = count_correct(make_guesses(scores, k_plus=ks[0], k_minus=ks[1]), bits)
             table[ks].append(count_ceiling(r, v, confidence=confidence))
@@ -274,14 +274,14 @@ def calibration(rounds: np.ndarray, included: np.ndarray, *, sigma: float,
                        bool(off or not math.isfinite(mu)))
 
 
-def analytic(q: float, sigma: float, steps: int, delta: float, *,
+def analytic(q: float, sigma: float, rounds: int, delta: float, *,
              bound_delta: float | None = None) -> dict:
     """What the certificate implies for the same observations: the white-box epsilon (PLD of
     T subsampled Gaussians, the accountant's own figure) at the run's delta and at the one-run
     bound's delta (what a lower bound at that delta is compared with), and the Gaussian
     statistic's mu."""
-    mu = q * math.sqrt(steps) / sigma
-    events = [RoundEvent(q, sigma, steps)]
+    mu = q * math.sqrt(rounds) / sigma
+    events = [RoundEvent(q, sigma, rounds)]
     at_delta = pld_epsilon(events, delta)
     bound_delta = delta if bound_delta is None else bound_delta
     return {"whitebox_epsilon": at_delta, "bound_delta": bound_delta,

@@ -47,7 +47,7 @@ def _load_ledgers(paths: list[Path]) -> "PrivacyLedger":
 def calibrate_cmd(
     n: int = typer.Option(..., "--n", help="Number of public slots n."),
     expected_batch: float = typer.Option(..., "--expected-batch", help="Expected prompts per round m (q = m/n)."),
-    steps: int = typer.Option(..., "--steps", help="Number of rounds T."),
+    rounds: int = typer.Option(..., "--rounds", help="Number of rounds T."),
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
     delta: Optional[float] = typer.Option(None, "--delta", help="Target delta (default 1/(10 n))."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -55,9 +55,9 @@ def calibrate_cmd(
     """The smallest noise multiplier sigma whose PLD epsilon meets the target."""
     from dpgrpo.privacy.calibration import calibrate
 
-    cal = calibrate(n, expected_batch, steps, epsilon, delta)
+    cal = calibrate(n, expected_batch, rounds, epsilon, delta)
     _emit({"sigma": cal.sigma, "epsilon": cal.epsilon, "target_epsilon": cal.target_epsilon,
-           "delta": cal.delta, "q": cal.q, "steps": cal.steps, "n": cal.n,
+           "delta": cal.delta, "q": cal.q, "rounds": cal.rounds, "n": cal.n,
            "expected_batch": cal.expected_batch, "rdp_epsilon": cal.rdp_epsilon,
            "rdp_order": cal.rdp_order, "sigma_below": cal.sigma_below,
            "epsilon_below": cal.epsilon_below}, as_json, "sigma calibration (PLD)")
@@ -110,7 +110,7 @@ def plan_cmd(
 def epsilon_cmd(
     n: int = typer.Option(..., "--n", help="Number of public slots n."),
     expected_batch: float = typer.Option(..., "--expected-batch", help="Expected prompts per round m."),
-    steps: int = typer.Option(..., "--steps", help="Number of rounds T."),
+    rounds: int = typer.Option(..., "--rounds", help="Number of rounds T."),
     sigma: float = typer.Option(..., "--sigma", help="Noise multiplier sigma (> 0)."),
     delta: Optional[float] = typer.Option(None, "--delta", help="delta (default 1/(10 n))."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -120,7 +120,7 @@ def epsilon_cmd(
     from dpgrpo.privacy.limits import check_accountable_sigma
 
     check_accountable_sigma(sigma, "--sigma")  # before the accountant tries (GiB, minutes)
-    _emit(compute_epsilon(n, expected_batch, steps, sigma, delta).to_dict(), as_json, "epsilon")
+    _emit(compute_epsilon(n, expected_batch, rounds, sigma, delta).to_dict(), as_json, "epsilon")
 
 
 @privacy_app.command("ledger")
@@ -142,9 +142,9 @@ def convert_cmd(
     ledgers: list[Path] = typer.Option([], "--ledger", help="ledger.json or certificate.json of a "
                                        "run (repeatable: runs on the same data compose)."),
     n: Optional[int] = typer.Option(None, "--n", help="Number of public slots n (with "
-                                                      "--expected-batch, --steps, --sigma)."),
+                                                      "--expected-batch, --rounds, --sigma)."),
     expected_batch: Optional[float] = typer.Option(None, "--expected-batch", help="Expected prompts per round m."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Number of rounds T."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Number of rounds T."),
     sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise multiplier sigma (> 0)."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Only an add-or-remove-one "
                                             "(epsilon, delta) is known: generic conversion."),
@@ -162,9 +162,9 @@ def convert_cmd(
 
     --epsilon/--delta alone: generic conversion (Proposition 1, Corollary 1).
     """
-    mechanism = (n, expected_batch, steps, sigma)
+    mechanism = (n, expected_batch, rounds, sigma)
     if sum([bool(ledgers), any(v is not None for v in mechanism), epsilon is not None]) != 1:
-        raise PrivacyBudgetError("give exactly one of --ledger, --n/--expected-batch/--steps/"
+        raise PrivacyBudgetError("give exactly one of --ledger, --n/--expected-batch/--rounds/"
                                  "--sigma, or --epsilon with --delta")
     if (epsilon is not None or ledgers) and delta is None:
         raise PrivacyBudgetError("--epsilon and --ledger need --delta (a ledger does not record n)")
@@ -175,17 +175,17 @@ def convert_cmd(
         figure = converted_figure(epsilon, delta, relation, group)
     elif ledgers and delta is not None:
         figure = neighbour_figure(_load_ledgers(ledgers).events, delta, relation, group)
-    elif n is not None and expected_batch is not None and steps is not None and sigma is not None:
-        if steps < 1 or not sigma > 0:
-            raise PrivacyBudgetError(f"need --steps >= 1 and --sigma > 0, got {steps}, {sigma}")
+    elif n is not None and expected_batch is not None and rounds is not None and sigma is not None:
+        if rounds < 1 or not sigma > 0:
+            raise PrivacyBudgetError(f"need --rounds >= 1 and --sigma > 0, got {rounds}, {sigma}")
         from dpgrpo.privacy.limits import check_accountable_sigma
 
         check_accountable_sigma(sigma, "--sigma")
-        events = [RoundEvent(sampling_rate(n, expected_batch), sigma, steps)]
+        events = [RoundEvent(sampling_rate(n, expected_batch), sigma, rounds)]
         delta = default_delta(n) if delta is None else delta
         figure = neighbour_figure(events, delta, relation, group)
     else:
-        raise PrivacyBudgetError("--n, --expected-batch, --steps and --sigma go together")
+        raise PrivacyBudgetError("--n, --expected-batch, --rounds and --sigma go together")
     _emit(figure.to_dict(), as_json, "guarantee")
 
 

@@ -17,7 +17,7 @@ def train_cmd(
                                        help="Run directory (default runs/<arm>-<time>)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in RUN_DIR."),
     arm: Optional[str] = typer.Option(None, "--arm", help="Shortcut for --set train.arm=..."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Shortcut for --set train.steps=..."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Shortcut for --set train.rounds=..."),
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Shortcut for privacy.epsilon."),
     model: Optional[str] = typer.Option(None, "--model", help="Shortcut for model.name."),
     task: Optional[str] = typer.Option(
@@ -47,7 +47,7 @@ def train_cmd(
                                      "drop the config file and --set overrides")
         run_dir, cfg = resume, None
     else:
-        shortcuts = {"train.arm": arm, "train.steps": steps, "privacy.epsilon": epsilon,
+        shortcuts = {"train.arm": arm, "train.rounds": rounds, "privacy.epsilon": epsilon,
                      "model.name": model, "data.task": task, "data.data_dir": data_dir,
                      "privacy.seed": seed, "train.metrics": metrics}
         extra = [f"{k}={v}" for k, v in shortcuts.items() if v is not None] + list(overrides)
@@ -58,7 +58,7 @@ def train_cmd(
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = out or Path("runs") / f"{cfg.train.arm}-{stamp}"
         typer.echo(f"run directory: {run_dir}", err=True)
-    total = cfg.train.steps if cfg is not None else None
+    total = cfg.train.rounds if cfg is not None else None
     if show_private:
         typer.echo("WARNING: --show-private-telemetry prints per-round batch sizes and rewards, "
                    "which are computed from the private data and are NOT covered by the "
@@ -139,7 +139,7 @@ class _progress:
                 reward = info.get("reward_mean")
                 reward_s = "-" if reward is None or reward != reward else f"{reward:.2f}"
                 status = f"batch {info['batch_size']:3d}  reward {reward_s}  {status}"
-            self.bar.update(self.task, completed=info["round"], total=info["steps"], status=status)
+            self.bar.update(self.task, completed=info["round"], total=info["rounds"], status=status)
         return on_round
 
     def __exit__(self, *exc) -> None:

@@ -211,7 +211,7 @@ class TrainConfig:
 
     # what each sampled record computes (config.arms.ARMS: dp-grpo, zero-advantage, ...)
     arm: str = "dp-grpo"
-    steps: int = 50  # T rounds
+    rounds: int = 50  # T: the rounds of Algorithm 1 (one Poisson-sampled batch each)
     group_size: int = 8  # G
     temperature: float = 0.7  # sampling temperature of the G completions
     # Sampler (dpgrpo.rollout.sampling, both engines): nucleus filtering and CTRL's repetition
@@ -279,7 +279,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         spec = arm_spec(self.arm)  # ConfigError naming train.arm for an unknown arm
         check_finite(self, "train")
-        for name in ("steps", "group_size", "checkpoint_every"):
+        for name in ("rounds", "group_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.grad_method not in ("auto", "fast", "reference"):
@@ -380,12 +380,19 @@ class RunConfig:
 _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
             "train": TrainConfig, "audit": AuditConfig}
 
+#: keys that were renamed: a config that still uses the old name is refused with the new one
+#: (a run directory saved under the old name is read by dpgrpo.rundir.resume.as_written)
+RENAMED = {"train.steps": "train.rounds"}
+
 
 def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
     """The value of ``section.key`` typed strictly by the field (see :func:`dpgrpo.config.values.parse_value`); a value
     of the wrong type is a ConfigError naming the key, never silently converted."""
     cls = _CLASSES[section]
     hints = typing.get_type_hints(cls)
+    dotted = f"{section}.{key}"
+    if dotted in RENAMED:
+        raise ConfigError(f"{dotted} was renamed {RENAMED[dotted]}")
     if key not in hints:
         known = ", ".join(f.name for f in fields(cls))
         raise ConfigError(f"unknown key '{section}.{key}' (known: {known})")
@@ -415,7 +422,7 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConf
         try:
             kwargs = {k: _coerce(section, k, v) for k, v in values.items()}
             sections[section] = _CLASSES[section](**kwargs)
-        except DPGRPOError as err:  # name the file too: "c.toml: 'train.steps' expects ..."
+        except DPGRPOError as err:  # name the file too: "c.toml: 'train.rounds' expects ..."
             raise type(err)(f"{source}: {err}") from None
     try:
         return RunConfig(**sections)

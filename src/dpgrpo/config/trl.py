@@ -34,7 +34,7 @@ ON_POLICY = ("dpgrpo takes exactly one noisy gradient step per Poisson-sampled b
              "(as in TRL with num_iterations = 1 and one optimizer step per generation)")
 REUSE = ("several optimizer steps on one sampled batch would release that batch's records "
          "several times while the ledger charges one subsampled-Gaussian event per round; "
-         "dpgrpo runs one pass per round: raise train.steps instead")
+         "dpgrpo runs one pass per round: raise train.rounds instead")
 
 
 @dataclass(frozen=True)
@@ -139,9 +139,9 @@ def _steps_per_generation(name: str, value: Any, found: Found, out: Out, notes: 
 
 def _max_steps(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
     if value is not None and value > 0:
-        out["train.steps"] = int(value)
+        out["train.rounds"] = int(value)
     else:
-        notes.append(f"max_steps={value!r}: dpgrpo counts rounds T, not epochs; train.steps "
+        notes.append(f"max_steps={value!r}: dpgrpo counts rounds T, not epochs; train.rounds "
                      "keeps its value (set it in overrides)")
 
 
@@ -234,7 +234,7 @@ def from_trl_config(args: Any = None, *, overrides: Mapping[str, Any] | None = N
     """Map a TRL ``GRPOConfig`` (or a dict of its options) onto dpgrpo's configuration.
 
     ``changes``: TRL-named options that replace those of ``args`` (``loss_type="dr_grpo"``).
-    ``overrides``: dpgrpo overrides applied after the mapped ones (``{"train.steps": 12}``).
+    ``overrides``: dpgrpo overrides applied after the mapped ones (``{"train.rounds": 12}``).
     Returns :class:`TRLSettings`, to pass as ``dpgrpo.train(..., **settings)``. Raises
     ConfigError, with the reason, for an option that cannot hold under prompt-level DP or that
     dpgrpo does not implement (module docstring; docs/coming-from-trl.md).

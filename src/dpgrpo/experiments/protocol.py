@@ -15,7 +15,7 @@ Settings (:class:`ProtocolSettings`) come from CLI options, else from an optiona
 ``[protocol]`` table of the TOML config (stripped before the RunConfig is built), else from
 defaults; per-arm recipes default to the paper's supervised ones (Appendix C-B: learning rate
 5e-6 filtered, 2e-5 gold, C = 0.1143670583). A recipe may set ``train.*`` (not ``arm``,
-``steps``) and ``privacy.clip_norm`` only, so that the arms keep one budget::
+``rounds``) and ``privacy.clip_norm`` only, so that the arms keep one budget::
 
     [protocol]                      # every key optional
     seeds = 2                       # runs of each private arm
@@ -51,6 +51,7 @@ from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import ARMS, arm_spec, arms_with_role
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.privacy.seeds import run_seed
+from dpgrpo.release.files import certified_rounds
 from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
 from dpgrpo.rundir.layout import RunDir, read_json_or_none
@@ -99,12 +100,12 @@ class ProtocolSettings:
             if value is not None and value < 1:
                 raise ConfigError(f"protocol.{name} must be >= 1, got {value}")
         bad = [(arm, key) for arm, recipe in self.recipes.items() for key in recipe
-               if not (key.startswith("train.") and key not in ("train.arm", "train.steps")
+               if not (key.startswith("train.") and key not in ("train.arm", "train.rounds")
                        or key == "privacy.clip_norm")]
         if bad:
             raise ConfigError(f"protocol recipe for {bad[0][0]!r} sets {bad[0][1]!r}: arms must "
                               "share the data, model, n, q, sigma and T; a recipe may set train.* "
-                              "(not arm, steps) and privacy.clip_norm")
+                              "(not arm, rounds) and privacy.clip_norm")
 
     def all_arms(self) -> tuple[str, ...]:
         """The trained arms in run order: the chosen arms, then the ladder, then non-private."""
@@ -287,9 +288,9 @@ def check_run_dir(config: RunConfig, run_dir: Path) -> None:
         return
 
 
-def release_complete(run_dir: Path, steps: int) -> bool:
-    """Whether ``run_dir/release`` holds the adapter and certificate of all ``steps`` rounds."""
-    return RunDir(run_dir).release_complete(steps)
+def release_complete(run_dir: Path, rounds: int) -> bool:
+    """Whether ``run_dir/release`` holds the adapter and certificate of all T rounds (``rounds``)."""
+    return RunDir(run_dir).release_complete(rounds)
 
 
 def eval_complete(eval_dir: Path, n_eval: int) -> bool:
@@ -302,7 +303,7 @@ def ensure_trained(spec: RunSpec) -> str:
     """Train the run, resume it, or leave a complete one: "trained", "resumed" or "complete"."""
     from dpgrpo.training.trainer import train
 
-    if release_complete(spec.run_dir, spec.config.train.steps):
+    if release_complete(spec.run_dir, spec.config.train.rounds):
         return "complete"
     if RunDir(spec.run_dir).config_json.exists():
         train(None, spec.run_dir, resume=True)
@@ -337,7 +338,7 @@ def run_one(plan: ProtocolPlan, spec: RunSpec, *, step: Step | None = None
     are both complete is read, not touched. ``step(name, fn)`` runs each phase (``dpgrpo
     study`` times them); by default it just calls ``fn``."""
     step = step or (lambda name, fn: fn())
-    rounds = spec.config.train.steps
+    rounds = spec.config.train.rounds
     if release_complete(spec.run_dir, rounds) and eval_complete(spec.eval_dir, plan.n_eval):
         return "complete", read_json_or_none(spec.eval_dir / "summary.json")
     status = step(f"{spec.name}: train ({rounds} rounds)", lambda: ensure_trained(spec))
@@ -352,12 +353,17 @@ def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
     and may certify a larger epsilon than the others."""
     private = [(name, c) for name, c in certificates.items() if c.get("private")]
     for name, cert in private[1:]:
-        diff = [k for k in ("n", "q", "sigma", "steps", "delta")
-                if cert.get(k) != private[0][1].get(k)]
+        diff = [k for k in ("n", "q", "sigma", "rounds", "delta")
+                if _budget_term(cert, k) != _budget_term(private[0][1], k)]
         if diff:
             raise PrivacyError(f"run {name} differs from {private[0][0]} in {', '.join(diff)}: "
                                "every private arm of a protocol must share n, q, sigma and T")
     return max((float(c["epsilon"]) for _, c in private), default=math.inf)
+
+
+def _budget_term(cert: Mapping[str, Any], key: str) -> Any:
+    """``cert[key]``, T read from an old certificate's ``steps`` too (None when absent)."""
+    return certified_rounds(cert, None) if key == "rounds" else cert.get(key)
 
 
 def run_protocol(plan: ProtocolPlan, *, progress: Callable[[str], None] | None = None

@@ -46,7 +46,7 @@ The ``[study]`` table of the config (stripped before the run config is built) se
     audit_stop_after = 10               # ... stopped at the 10th null AUC >= the observed one
                                         # (Besag & Clifford 1991; 0: all 50, the fixed test)
     [study.leaky]                       # overrides of the leaky non-private run
-    "train.steps" = 16
+    "train.rounds" = 16
     [study.private_audit]               # overrides of the audited DP-GRPO run
     "audit.canaries" = 32
     [study.warm_start]                  # a public warm start for the protocol arms

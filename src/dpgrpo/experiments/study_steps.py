@@ -150,7 +150,7 @@ def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     from dpgrpo.training.trainer import train
 
     check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
-    if not release_complete(run_dir, config.train.steps):
+    if not release_complete(run_dir, config.train.rounds):
         resume = RunDir(run_dir).has_charges()
         train(None if resume else config, run_dir, resume=resume)
     return json.loads((run_dir / "release" / "certificate.json").read_text())

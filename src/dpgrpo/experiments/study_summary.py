@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from dpgrpo.errors import ConfigError
 from dpgrpo.experiments.study_steps import WARM_START
 from dpgrpo.privacy.planning import noise_to_signal
+from dpgrpo.release.files import certified_rounds
 
 
 def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str, Any]:
@@ -98,7 +99,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         "dp_gain_pp": dp_gain,
         "retained_share": dp_gain / nonprivate["pp"] if nonprivate["pp"] else None,
         "trainable_params": cert["trainable_coordinates"],
-        "completions_per_arm": cert["expected_batch"] * cert["group_size"] * cert["steps"],
+        "completions_per_arm": cert["expected_batch"] * cert["group_size"] * certified_rounds(cert),
         "dp_vs_control_pp": dp["pp"], "dp_vs_control_ci": dp["ci"],
         "dp_vs_control_mde": dp["mde"],
         "noise_to_signal": noise_to_signal(cert["sigma"], cert["trainable_coordinates"],

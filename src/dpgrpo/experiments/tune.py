@@ -36,7 +36,7 @@ from dpgrpo.errors import ConfigError, PrivacyError
 #: mechanism's epsilon, delta, n and T are the private run's and stay fixed)
 TUNABLE_PREFIXES = ("model.lora_", "model.target_modules", "model.init_adapter", "train.",
                     "privacy.expected_batch", "privacy.clip_norm")
-FIXED_KEYS = ("train.arm", "train.steps")
+FIXED_KEYS = ("train.arm", "train.rounds")
 
 #: the default grid (``dpgrpo tune`` without ``--grid``): today's adapter beside smaller ones
 DEFAULT_GRID: dict[str, tuple[str, ...]] = {
@@ -63,7 +63,7 @@ class GridPoint:
                 raise ConfigError(
                     f"grid point {self.name!r} sets {key!r}: a point may set the adapter "
                     "(model.lora_*, model.target_modules, model.init_adapter), train.* (not arm "
-                    "or steps), privacy.expected_batch or privacy.clip_norm; epsilon, delta, n "
+                    "or rounds), privacy.expected_batch or privacy.clip_norm; epsilon, delta, n "
                     "and T are the private run's")
 
 
@@ -338,7 +338,7 @@ def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
     atomic_write_text(chosen_path, _chosen_header(settings, best) + to_toml(chosen_cfg))
     report = {"proxy": settings.proxy, "proxy_data_dir": settings.proxy_data_dir,
               "eval_split": settings.eval_split, "private_task": config.data.task,
-              "n": n, "epsilon": config.privacy.epsilon, "steps": config.train.steps,
+              "n": n, "epsilon": config.privacy.epsilon, "rounds": config.train.rounds,
               "base_accuracy": base, "chosen": best.name,
               "chosen_overrides": list(best.overrides),
               "privacy_cost": "zero: every run trained and scored on the public proxy; the "
@@ -357,7 +357,7 @@ def _point_result(config: RunConfig, settings: TuneSettings, point: GridPoint, n
     return PointResult(name=point.name, overrides=point.overrides, expected_batch=m,
                        sigma=sigma, trainable_params=p,
                        noise_to_signal=noise_to_signal(sigma, p, m),
-                       completions=int(round(m * cfg.train.group_size * cfg.train.steps)),
+                       completions=int(round(m * cfg.train.group_size * cfg.train.rounds)),
                        accuracy=float(found["accuracy"]), epsilon=found.get("epsilon"))
 
 

@@ -151,7 +151,7 @@ class EpsilonReport:
     rdp_order: float
     q: float
     sigma: float
-    steps: int
+    rounds: int
     n: int
     expected_batch: float
 
@@ -159,20 +159,20 @@ class EpsilonReport:
         return asdict(self)
 
 
-def compute_epsilon(n: int, expected_batch: float, steps: int, sigma: float,
+def compute_epsilon(n: int, expected_batch: float, rounds: int, sigma: float,
                     delta: float | None = None) -> EpsilonReport:
-    """Epsilon of ``steps`` rounds with q = m / n and noise multiplier ``sigma``."""
+    """Epsilon of T rounds (``rounds``) with q = m / n and noise multiplier ``sigma``."""
     q = sampling_rate(n, expected_batch)
     delta = default_delta(n) if delta is None else delta
     _check_delta(delta)
-    if steps < 1:
-        raise PrivacyBudgetError(f"steps must be >= 1, got {steps}")
+    if rounds < 1:
+        raise PrivacyBudgetError(f"rounds must be >= 1, got {rounds}")
     if not sigma > 0:
         raise PrivacyBudgetError(f"a private run needs sigma > 0, got {sigma}")
     check_accountable_sigma(sigma)
-    events = [RoundEvent(q, sigma, steps)]
+    events = [RoundEvent(q, sigma, rounds)]
     r_eps, r_order = rdp_epsilon(events, delta)
-    return EpsilonReport(pld_epsilon(events, delta), delta, r_eps, r_order, q, sigma, steps, n,
+    return EpsilonReport(pld_epsilon(events, delta), delta, r_eps, r_order, q, sigma, rounds, n,
                          expected_batch)
 
 

@@ -77,7 +77,7 @@ class PublicConstants:
     delta: float
     sigma: float                # 0 for the non-private arm
     clip_norm: float            # inf for the non-private arm unless train.clip_nonprivate
-    steps: int
+    rounds: int
     sigma_calibrated: bool      # True: sigma came from privacy.epsilon by calibration
 
 
@@ -90,7 +90,7 @@ def public_constants(config: RunConfig, n: int, *, refuse_weak_delta: bool = Fal
     between configurations with the same (n, m, T, epsilon, delta). An unreachable
     ``privacy.epsilon`` or an expected batch above n raises ConfigError.
     """
-    p, steps = config.privacy, config.train.steps
+    p, rounds = config.privacy, config.train.rounds
     if p.expected_batch > n:
         raise ConfigError(f"privacy.expected_batch = {p.expected_batch:g} exceeds n = {n} slots")
     q = sampling_rate(n, p.expected_batch)
@@ -108,25 +108,25 @@ def public_constants(config: RunConfig, n: int, *, refuse_weak_delta: bool = Fal
         # private and not calibrated: noise_multiplier is set
         sigma, clip = cast(float, p.noise_multiplier), p.clip_norm
     else:
-        sigma = _calibrated_sigma(n, p.expected_batch, steps, p.epsilon, delta, cache)
+        sigma = _calibrated_sigma(n, p.expected_batch, rounds, p.epsilon, delta, cache)
         clip = p.clip_norm
     return PublicConstants(n=n, expected_batch=p.expected_batch, q=q, delta=delta, sigma=sigma,
-                           clip_norm=clip, steps=steps, sigma_calibrated=calibrated)
+                           clip_norm=clip, rounds=rounds, sigma_calibrated=calibrated)
 
 
-def _calibrated_sigma(n: int, m: float, steps: int, epsilon: float, delta: float,
+def _calibrated_sigma(n: int, m: float, rounds: int, epsilon: float, delta: float,
                       cache: dict[tuple, Any] | None) -> float:
     """The smallest sigma whose PLD epsilon meets ``epsilon`` (privacy.calibration)."""
     from dpgrpo.privacy import calibration
 
     cache = {} if cache is None else cache
-    key = ("calibrate", n, m, steps, epsilon, delta)
+    key = ("calibrate", n, m, rounds, epsilon, delta)
     try:
         if key not in cache:
-            cache[key] = calibration.calibrate(n, m, steps, epsilon, delta)
+            cache[key] = calibration.calibrate(n, m, rounds, epsilon, delta)
     except PrivacyBudgetError as err:
         raise ConfigError(f"privacy.epsilon = {epsilon} is unreachable with n = {n}, "
-                          f"m = {m}, T = {steps}: {err}") from None
+                          f"m = {m}, T = {rounds}: {err}") from None
     return cache[key].sigma
 
 

@@ -45,7 +45,7 @@ class Calibration:
     target_epsilon: float
     delta: float
     q: float
-    steps: int
+    rounds: int
     n: int
     expected_batch: float
     sigma_below: float
@@ -59,8 +59,8 @@ class Calibration:
         return asdict(self)
 
 
-def _eps_single(q: float, sigma: float, steps: int, delta: float, vdi: float) -> float:
-    return pld_epsilon([RoundEvent(q, sigma, steps)], delta, value_discretization_interval=vdi)
+def _eps_single(q: float, sigma: float, rounds: int, delta: float, vdi: float) -> float:
+    return pld_epsilon([RoundEvent(q, sigma, rounds)], delta, value_discretization_interval=vdi)
 
 
 @dataclass
@@ -68,7 +68,7 @@ class _Search:
     """Bookkeeping for one calibration: the exact evaluations made so far."""
 
     q: float
-    steps: int
+    rounds: int
     delta: float
     target: float
     coarse: int = 0
@@ -77,7 +77,7 @@ class _Search:
 
     def gap(self, sigma: float, vdi: float) -> float:
         self.coarse += 1
-        return _eps_single(self.q, sigma, self.steps, self.delta, vdi) - self.target
+        return _eps_single(self.q, sigma, self.rounds, self.delta, vdi) - self.target
 
 
 def _coarse_root(s: _Search) -> tuple[float, float]:
@@ -89,7 +89,7 @@ def _coarse_root(s: _Search) -> tuple[float, float]:
     def unreachable() -> PrivacyBudgetError:
         return PrivacyBudgetError(
             f"epsilon={s.target} is unreachable: sigma would exceed 1e4 "
-            f"(q={s.q:.4g}, T={s.steps}, delta={s.delta:.3g})")
+            f"(q={s.q:.4g}, T={s.rounds}, delta={s.delta:.3g})")
 
     if s.gap(1.0, 1e-2) > 0:  # too little noise at sigma = 1: grow
         lo, hi = 1.0, 2.0
@@ -106,7 +106,7 @@ def _coarse_root(s: _Search) -> tuple[float, float]:
                     f"epsilon={s.target} is met by a noise multiplier below {floor:.3g}, the "
                     "smallest the PLD accountant can evaluate (dpgrpo.privacy.limits: its grid "
                     "would outgrow memory), so no sigma for it can be certified; choose a "
-                    f"smaller epsilon (q={s.q:.4g}, T={s.steps}, delta={s.delta:.3g})")
+                    f"smaller epsilon (q={s.q:.4g}, T={s.rounds}, delta={s.delta:.3g})")
             lo, hi = max(lo / 2.0, floor), lo
     sigma = optimize.brentq(lambda x: s.gap(x, 1e-2), lo, hi, rtol=1e-6)
     # Slope on the 1e-3 grid by a secant over a 1e-4 relative step; the gap at sigma is then
@@ -158,8 +158,8 @@ class _ExactWorker:
 
 def _worker_main() -> None:
     for line in sys.stdin:
-        q, sigma, steps, delta, vdi = json.loads(line)
-        print(json.dumps(_eps_single(q, sigma, int(steps), delta, vdi)), flush=True)
+        q, sigma, rounds, delta, vdi = json.loads(line)
+        print(json.dumps(_eps_single(q, sigma, int(rounds), delta, vdi)), flush=True)
 
 
 def _start_worker() -> _ExactWorker | None:
@@ -169,10 +169,10 @@ def _start_worker() -> _ExactWorker | None:
         return None
 
 
-def calibrate(n: int, expected_batch: float, steps: int, epsilon: float,
+def calibrate(n: int, expected_batch: float, rounds: int, epsilon: float,
               delta: float | None = None, *, rel_tol: float = 5e-7,
               parallel: bool = True) -> Calibration:
-    """Smallest noise multiplier whose PLD epsilon over ``steps`` rounds is at most ``epsilon``.
+    """Smallest noise multiplier whose PLD epsilon over T rounds (``rounds``) is at most ``epsilon``.
 
     Section VI-C: sigma is found by bisection so that T rounds compose to the target. Here the
     search is aimed on coarse discretizations (cheap) and then certified by two evaluations at
@@ -185,11 +185,11 @@ def calibrate(n: int, expected_batch: float, steps: int, epsilon: float,
     _check_delta(delta)
     if not epsilon > 0 or not math.isfinite(epsilon):
         raise PrivacyBudgetError(f"target epsilon must be finite and > 0, got {epsilon}")
-    if steps < 1:
-        raise PrivacyBudgetError(f"steps must be >= 1, got {steps}")
+    if rounds < 1:
+        raise PrivacyBudgetError(f"rounds must be >= 1, got {rounds}")
     pool = _start_worker() if parallel else None
     try:
-        s = _Search(q, steps, delta, epsilon)
+        s = _Search(q, rounds, delta, epsilon)
         guess, _ = _coarse_root(s)
         if pool is not None and s.fine_cost_estimate < 0.75:  # cheap: a second process costs more
             pool.close()
@@ -198,8 +198,8 @@ def calibrate(n: int, expected_batch: float, steps: int, epsilon: float,
     finally:
         if pool is not None:
             pool.close()
-    r_eps, r_order = rdp_epsilon([RoundEvent(q, sigma_hi, steps)], delta)
-    return Calibration(sigma_hi, s.exact[sigma_hi], epsilon, delta, q, steps, n, expected_batch,
+    r_eps, r_order = rdp_epsilon([RoundEvent(q, sigma_hi, rounds)], delta)
+    return Calibration(sigma_hi, s.exact[sigma_hi], epsilon, delta, q, rounds, n, expected_batch,
                        sigma_lo, s.exact[sigma_lo], r_eps, r_order, len(s.exact), s.coarse)
 
 
@@ -207,14 +207,14 @@ def _exact_pair(s: _Search, a: float, b: float, pool: _ExactWorker | None) -> No
     todo = [x for x in (a, b) if x not in s.exact]
     if pool is not None and len(todo) == 2:
         try:
-            pool.submit(s.q, todo[1], s.steps, s.delta, DEFAULT_DISCRETIZATION)
-            s.exact[todo[0]] = _eps_single(s.q, todo[0], s.steps, s.delta, DEFAULT_DISCRETIZATION)
+            pool.submit(s.q, todo[1], s.rounds, s.delta, DEFAULT_DISCRETIZATION)
+            s.exact[todo[0]] = _eps_single(s.q, todo[0], s.rounds, s.delta, DEFAULT_DISCRETIZATION)
             s.exact[todo[1]] = pool.result()
         except OSError:  # the helper process died: evaluate what is missing here
             pass
     for x in todo:
         if x not in s.exact:
-            s.exact[x] = _eps_single(s.q, x, s.steps, s.delta, DEFAULT_DISCRETIZATION)
+            s.exact[x] = _eps_single(s.q, x, s.rounds, s.delta, DEFAULT_DISCRETIZATION)
 
 
 def _certify(s: _Search, guess: float, rel_tol: float, pool: _ExactWorker | None) -> tuple[float, float]:
@@ -243,7 +243,7 @@ def _certify(s: _Search, guess: float, rel_tol: float, pool: _ExactWorker | None
     raise PrivacyBudgetError("sigma calibration did not converge; please report this configuration")
 
 
-def planning_sigma(n: int, expected_batch: float, steps: int, epsilon: float,
+def planning_sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
                    delta: float | None = None) -> float:
     """A quick sigma for planning (``dpgrpo privacy plan``), never for a run: the root of the
     epsilon gap on dp_accounting's pessimistic 1e-2 grid, which overstates epsilon, so this is
@@ -252,9 +252,9 @@ def planning_sigma(n: int, expected_batch: float, steps: int, epsilon: float,
     q = sampling_rate(n, expected_batch)
     delta = default_delta(n) if delta is None else delta
     _check_delta(delta)
-    if not epsilon > 0 or not math.isfinite(epsilon) or steps < 1:
-        raise PrivacyBudgetError(f"need a finite epsilon > 0 and steps >= 1, got {epsilon}, {steps}")
-    s = _Search(q, steps, delta, epsilon)
+    if not epsilon > 0 or not math.isfinite(epsilon) or rounds < 1:
+        raise PrivacyBudgetError(f"need a finite epsilon > 0 and rounds >= 1, got {epsilon}, {rounds}")
+    s = _Search(q, rounds, delta, epsilon)
     lo, hi = 0.05, 1.0
     while s.gap(hi, 1e-2) > 0:
         lo, hi = hi, hi * 2.0
@@ -265,10 +265,10 @@ def planning_sigma(n: int, expected_batch: float, steps: int, epsilon: float,
     return float(optimize.brentq(lambda x: s.gap(x, 1e-2), lo, hi, rtol=1e-6))
 
 
-def calibrate_sigma(n: int, expected_batch: float, steps: int, epsilon: float,
+def calibrate_sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
                     delta: float | None = None) -> float:
     """The smallest sigma (relative precision 5e-7) with PLD epsilon <= target; see :func:`calibrate`."""
-    return calibrate(n, expected_batch, steps, epsilon, delta).sigma
+    return calibrate(n, expected_batch, rounds, epsilon, delta).sigma
 
 
 __all__ = ["Calibration", "calibrate", "calibrate_sigma", "planning_sigma"]

@@ -134,11 +134,11 @@ def converted_figure(epsilon: float, delta: float, relation: str = ADD_OR_REMOVE
     if not 0.0 < delta < 1.0:
         raise PrivacyBudgetError(f"delta must lie in (0, 1), got {delta}")
     eps, dlt = group_privacy(epsilon, delta, int(group))
-    steps = ["Proposition 1"] if group > 1 else []
+    applied = ["Proposition 1"] if group > 1 else []
     if relation == REPLACE:
         eps, dlt = replace_one(eps, dlt)
-        steps.append("Corollary 1")
-    basis = " then ".join(steps or ["none"]) + f" on ({epsilon:g}, {delta:g})"
+        applied.append("Corollary 1")
+    basis = " then ".join(applied or ["none"]) + f" on ({epsilon:g}, {delta:g})"
     return NeighbourFigure(eps, dlt, relation, int(group), METHOD_GENERIC, basis)
 
 

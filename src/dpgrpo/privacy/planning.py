@@ -61,13 +61,13 @@ def plan(n: int, epsilon: float, budget: int, coordinates: int, *, delta: float 
         if not 0 < m <= n:
             continue
         for g in sorted(set(groups)):
-            steps = int(budget // (m * g))
-            if steps < 1:
+            rounds = int(budget // (m * g))
+            if rounds < 1:
                 continue
-            if (m, steps) not in sigmas:
-                sigmas[m, steps] = planning_sigma(n, m, steps, epsilon, delta)
-            sigma = sigmas[m, steps]
-            rows.append(PlanRow(m=m, G=g, T=steps, completions=int(round(m * g * steps)),
+            if (m, rounds) not in sigmas:
+                sigmas[m, rounds] = planning_sigma(n, m, rounds, epsilon, delta)
+            sigma = sigmas[m, rounds]
+            rows.append(PlanRow(m=m, G=g, T=rounds, completions=int(round(m * g * rounds)),
                                 sigma=sigma,
                                 noise_to_signal=noise_to_signal(sigma, coordinates, m)))
     if not rows:

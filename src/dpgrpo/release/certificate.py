@@ -108,7 +108,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "noise_tail_delta": tail, "private": cfg.private, "arm": cfg.train.arm,
         "q": run.q, "sigma": run.sigma, "clip_norm": run.clip_norm, "n": run.n,
         "n_source": N_SOURCES[run.n_source],
-        "expected_batch": run.expected_batch, "steps": cfg.train.steps,
+        "expected_batch": run.expected_batch, "rounds": cfg.train.rounds,
         "rounds_retained": round_done, "rounds_charged": ledger.rounds,
         "rounds_replayed": ledger.rounds - round_done, "crashes": CRASHES,
         "neighbouring_relation": NEIGHBOURING_RELATION,
@@ -126,7 +126,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
         "shared_budget": (f"every private arm ({', '.join(a for a in ARMS if ARMS[a].private)}) "
                           f"run with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
-                          f"T = {cfg.train.steps} and delta = {run.delta:.6g} has exactly this "
+                          f"T = {cfg.train.rounds} and delta = {run.delta:.6g} has exactly this "
                           "epsilon: only the per-record gradient differs (Corollary 2); this "
                           f"run's arm, {arm.name}: {arm.description}"),
     }

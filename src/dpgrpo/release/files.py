@@ -2,7 +2,8 @@
 
 ``release/dpgrpo_config.json`` holds dpgrpo's resolved public configuration. Releases written
 before 0.2 named it ``config.json``, which made ``AutoModelForCausalLM.from_pretrained(release)``
-mistake it for a model config; :func:`read_release_config` still reads them.
+mistake it for a model config; :func:`read_release_config` still reads them. Certificates
+written by 0.2.0 or earlier name the rounds T ``steps``; :func:`certified_rounds` reads both.
 
 Writing it is :mod:`dpgrpo.release.write`; publishing it, :mod:`dpgrpo.release.publish`.
 """
@@ -10,6 +11,7 @@ Writing it is :mod:`dpgrpo.release.write`; publishing it, :mod:`dpgrpo.release.p
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
 #: Everything release/ may hold (release.write.write_release refuses anything else).
 RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", RELEASE_CONFIG,
                            "certificate.json", "README.md"})
+_REQUIRED = object()
 
 
 def release_dir_of(path: str | Path) -> Path:
@@ -90,6 +93,19 @@ def read_certificate(release_dir: Path) -> dict[str, Any]:
     return cert
 
 
+def certified_rounds(cert: Mapping[str, Any], default: Any = _REQUIRED) -> Any:
+    """The rounds T a certificate was issued for: its ``rounds``, or ``steps`` in a certificate
+    written by dpgrpo 0.2.0 or earlier (a released run directory outlives the name). Neither:
+    ``default`` if given, else KeyError naming ``rounds``."""
+    if "rounds" in cert:
+        return cert["rounds"]
+    if "steps" in cert:
+        return cert["steps"]
+    if default is _REQUIRED:
+        raise KeyError("rounds")
+    return default
+
+
 def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
     """Compare each release file with the sha256 the certificate recorded when it was
     written (``files_sha256``); a mismatch is a ReleaseError naming the file."""
@@ -107,5 +123,5 @@ def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
 
 
 __all__ = ["LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_DIR", "RELEASE_FILES",
-           "eval_defaults", "read_certificate", "read_release_config", "release_config_path",
-           "release_dir_of", "verify_release_files"]
+           "certified_rounds", "eval_defaults", "read_certificate", "read_release_config",
+           "release_config_path", "release_dir_of", "verify_release_files"]

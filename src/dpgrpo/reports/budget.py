@@ -100,15 +100,15 @@ def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = N
     cache = {} if cache is None else cache
     try:
         public = public_constants(config, n, cache=cache)
-        sigma, delta, steps = public.sigma, public.delta, public.steps
-        key = ("epsilon", n, public.expected_batch, steps, sigma, delta)
+        sigma, delta, rounds = public.sigma, public.delta, public.rounds
+        key = ("epsilon", n, public.expected_batch, rounds, sigma, delta)
         if key not in cache:
-            cache[key] = compute_epsilon(n, public.expected_batch, steps, sigma, delta)
+            cache[key] = compute_epsilon(n, public.expected_batch, rounds, sigma, delta)
         report = cache[key]
     except (ConfigError, PrivacyBudgetError) as err:
         raise ConfigError(f"{name}: {err}") from None
     calibrated, p = public.sigma_calibrated, config.privacy
-    row = BudgetRow(configuration=name, n=n, m=p.expected_batch, sigma=sigma, T=steps,
+    row = BudgetRow(configuration=name, n=n, m=p.expected_batch, sigma=sigma, T=rounds,
                     delta=delta, q=report.q, pld_epsilon=report.epsilon,
                     rdp_epsilon=report.rdp_epsilon, rdp_order=report.rdp_order,
                     sigma_calibrated=calibrated,

@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
+from dpgrpo.release.files import certified_rounds
+
 GB = 1e9
 
 
@@ -68,7 +70,7 @@ def _warm_start_lines(results: Mapping[str, Any]) -> list[str]:
     cert = warm["certificate"]
     what = ", ".join(f"{k} = {v}" for k, v in warm["overrides"].items())
     share = s.get("retained_share_over_warm_start")
-    return [f"- Every trained arm starts from a **public warm start** ({what}; {cert['steps']} "
+    return [f"- Every trained arm starts from a **public warm start** ({what}; {certified_rounds(cert)} "
             f"rounds, sha256 {warm['sha256'][:12]}...): "
             f"alone it scores **{s['warm_start_accuracy']:.1f}%** "
             f"({_pp(s['warm_start_gain_pp'])} pp over the base). DP-GRPO over the warm start: "

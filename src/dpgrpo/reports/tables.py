@@ -151,7 +151,7 @@ def render_report(cmp: Comparison, figure_names: Sequence[str] = ()) -> str:
 
 
 _KEYS = {"configuration": ("configuration", "name"), "n": ("n",), "m": ("m", "batch_size"),
-         "sigma": ("sigma", "noise_multiplier"), "T": ("T", "steps", "rounds"),
+         "sigma": ("sigma", "noise_multiplier"), "T": ("T", "rounds", "steps"),
          "pld": ("pld_epsilon", "pld"), "rdp": ("rdp_epsilon", "rdp"),
          "order": ("rdp_order", "order")}
 
@@ -175,8 +175,9 @@ def privacy_budget_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """Table VI-style markdown: configuration, n, (m, σ, T), PLD ε, RDP ε (order) (App. A-F).
 
     Each row is a plain dict with ``configuration``, ``n``, ``m``, ``sigma``, ``T`` (or
-    ``steps``), ``pld_epsilon``, ``rdp_epsilon`` and optionally ``rdp_order`` and ``delta``
-    (a δ column is added when any row has one). Errors name the row (1-based) and field.
+    ``rounds``, or ``steps`` as dpgrpo 0.2.0 wrote it), ``pld_epsilon``, ``rdp_epsilon`` and
+    optionally ``rdp_order`` and ``delta`` (a δ column is added when any row has one). Errors
+    name the row (1-based) and field.
     """
     body = []
     with_delta = any(r.get("delta") is not None for r in rows)

@@ -107,10 +107,10 @@ class RunDir:
         cert = read_json_or_none(self.certificate_path)
         return cert if isinstance(cert, dict) else None
 
-    def release_complete(self, steps: int) -> bool:
-        """Whether ``release/`` holds the adapter and the certificate of all ``steps`` rounds."""
+    def release_complete(self, rounds: int) -> bool:
+        """Whether ``release/`` holds the adapter and the certificate of all T rounds (``rounds``)."""
         cert = self.certificate()
-        return (cert is not None and cert.get("rounds_retained") == steps
+        return (cert is not None and cert.get("rounds_retained") == rounds
                 and (self.release / ADAPTER).is_file())
 
 

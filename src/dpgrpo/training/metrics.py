@@ -36,7 +36,7 @@ from dpgrpo.errors import ConfigError, PrivacyError
 PHASES = ("rollout", "reference", "gradients", "mechanism", "step")
 BACKENDS = ("jsonl", "tensorboard", "wandb")
 #: The only keys a metrics row may hold by default: public values (invariant 6).
-PUBLIC_KEYS = frozenset({"round", "steps", "epsilon"})
+PUBLIC_KEYS = frozenset({"round", "rounds", "epsilon"})
 #: Wall-clock keys: they reveal the realized batch size, so only with train.public_timings.
 TIMING_KEYS = frozenset({"elapsed", "time/round", *(f"time/{phase}" for phase in PHASES)})
 #: Backends that send rows off the machine: refused for timings in a releasable run.

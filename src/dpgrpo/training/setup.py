@@ -188,15 +188,15 @@ def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot
     return [(arithmetic, c) if c.id in present else None for c in plan.canaries]
 
 
-def _epsilon_ceiling(q: float, sigma: float, steps: int, delta: float) -> float:
+def _epsilon_ceiling(q: float, sigma: float, rounds: int, delta: float) -> float:
     """An upper bound on the run's epsilon, to gate the noise-tail term before any round: the
     PLD accountant on a coarse pessimistic grid (1e-2, an upper bound, fast), and the closed
     form of T unsampled Gaussian rounds (zCDP, rho = T / (2 sigma^2)) if that is smaller."""
     from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
 
-    rho = steps / (2.0 * sigma ** 2)
+    rho = rounds / (2.0 * sigma ** 2)
     closed = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
-    coarse = pld_epsilon([RoundEvent(q, sigma, steps)], delta, value_discretization_interval=1e-2)
+    coarse = pld_epsilon([RoundEvent(q, sigma, rounds)], delta, value_discretization_interval=1e-2)
     return min(closed, coarse)
 
 
@@ -217,7 +217,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     slots, count = _slots(config, task, run_dir, ctx)
     public = public_constants(config, count.n, refuse_weak_delta=True)
     n, q, delta, sigma = public.n, public.q, public.delta, public.sigma
-    p, steps = config.privacy, public.steps
+    p, rounds = config.privacy, public.rounds
     device = device_for(ctx, resolve_device(config.model.device))
     if config.train.rollout_engine == "vllm":  # refuse before any round, not at the first one
         from dpgrpo.rollout.vllm_engine import require_vllm
@@ -242,8 +242,8 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     params = list(trainable_parameters(policy.model).values())
     coordinates = sum(prm.numel() for prm in params)
     if config.private:  # refuse before any round if the generator's tails would matter
-        eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(q, sigma, steps, delta)
-        check_noise_tail(noise_tail_delta(coordinates, steps, eps_gate), delta)
+        eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(q, sigma, rounds, delta)
+        check_noise_tail(noise_tail_delta(coordinates, rounds, eps_gate), delta)
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)
     chooser = None

@@ -92,7 +92,7 @@ def train(config: RunConfig | None, output_dir: str | Path, *, resume: bool = Fa
           show_private: bool = False) -> TrainResult:
     """Run (or resume) Algorithm 1 and write ``output_dir/release`` and ``output_dir/recovery``.
 
-    ``progress`` receives public values only (round, steps, epsilon, elapsed seconds) unless
+    ``progress`` receives public values only (round, rounds, epsilon, elapsed seconds) unless
     ``show_private``, which adds the round's realized batch size and mean reward (invariant 6).
 
     One process writes a run at a time (:class:`~dpgrpo.rundir.lock.RunLock`); a second one gets
@@ -148,18 +148,18 @@ def _train(config: RunConfig | None, run_dir: Path, ctx: DistContext, resume: bo
            progress: ProgressFn | None, stop_after: int | None,
            show_private: bool = False) -> TrainResult:
     live = open_run(config, run_dir, ctx, resume)
-    steps = live.config.train.steps
-    for t in range(live.start, steps):
+    rounds = live.config.train.rounds
+    for t in range(live.start, rounds):
         outcome = run_round(live, t)
         _report(live, outcome, progress, show_private)
-        if outcome.done % live.config.train.checkpoint_every == 0 or outcome.done == steps:
+        if outcome.done % live.config.train.checkpoint_every == 0 or outcome.done == rounds:
             if ctx.is_main:
                 _checkpoint(live.run, live.journal, outcome.done)
             barrier(ctx)
         stop = stop_after is not None and outcome.done - live.start >= stop_after
-        if stop and outcome.done < steps:
+        if stop and outcome.done < rounds:
             return finish(live, outcome.done, interrupted=True)  # as a crash would
-    return finish(live, steps)
+    return finish(live, rounds)
 
 
 def open_run(config: RunConfig | None, run_dir: Path, ctx: DistContext,
@@ -250,11 +250,11 @@ def _report(live: OpenRun, outcome: RoundOutcome, progress: ProgressFn | None,
     if (progress is None and live.metrics is None) or not live.ctx.is_main:
         return
     config = live.config
-    public = {"round": outcome.done, "steps": config.train.steps,
+    public = {"round": outcome.done, "rounds": config.train.rounds,
               "epsilon": _epsilon_so_far(live.journal, config.private, live.run.delta),
               "elapsed": time.perf_counter() - live.started}
     if live.metrics is not None:                                      # public values only
-        live.metrics.log({k: public[k] for k in ("round", "steps", "epsilon")}
+        live.metrics.log({k: public[k] for k in ("round", "rounds", "epsilon")}
                          | (outcome.timings | {"elapsed": public["elapsed"]}
                             if config.train.public_timings else {}))
     private = {"batch_size": outcome.update.num_records,

@@ -136,7 +136,7 @@ def _secret_bits() -> float:
 
 class _TailPreset(TypedDict):
     n: int
-    steps: int
+    rounds: int
     epsilon: float
     coordinates: int
 
@@ -145,7 +145,7 @@ class _TailPreset(TypedDict):
 #: certified epsilon is at most 8), delta = 1/(10 n), and d = 4,616,192 LoRA coordinates:
 #: Qwen2.5-1.5B (28 layers, hidden 1536, MLP 8960, k/v 256), rank 4 on q,k,v,o,gate,up,down,
 #: 28 * 4 * (3072 + 1792 + 1792 + 3072 + 3 * 10496).
-TAIL_PRESET: _TailPreset = {"n": 6988, "steps": 50, "epsilon": 8.0, "coordinates": 4_616_192}
+TAIL_PRESET: _TailPreset = {"n": 6988, "rounds": 50, "epsilon": 8.0, "coordinates": 4_616_192}
 
 
 @check("noise_tail_delta", tolerance=TAIL_FRACTION_OF_DELTA / (10 * TAIL_PRESET["n"]),
@@ -153,7 +153,7 @@ TAIL_PRESET: _TailPreset = {"n": 6988, "steps": 50, "epsilon": 8.0, "coordinates
               "the MATH preset (d = 4,616,192, T = 50, eps = 8); tolerance 1% of its delta")
 def _tail_delta() -> float:
     t = TAIL_PRESET
-    return noise_tail_delta(t["coordinates"], t["steps"], t["epsilon"])
+    return noise_tail_delta(t["coordinates"], t["rounds"], t["epsilon"])
 
 
 def _poisson_matrix() -> np.ndarray:
@@ -194,14 +194,14 @@ def _jax_reference() -> float:
 class _AuditPreset(TypedDict):
     sigma: float
     clip_norm: float
-    steps: int
+    rounds: int
     canaries: int
     coordinates: int
 
 
 #: Audit mode of the study's operating point (sigma 0.344, C 0.055, T 12) at q = 1, with 1,000
 #: gradient canaries in a 2,048-coordinate space (the statistic does not depend on d).
-AUDIT_PRESET: _AuditPreset = {"sigma": 0.344, "clip_norm": 0.055, "steps": 12, "canaries": 1000,
+AUDIT_PRESET: _AuditPreset = {"sigma": 0.344, "clip_norm": 0.055, "rounds": 12, "canaries": 1000,
                 "coordinates": 2048}
 
 
@@ -213,7 +213,7 @@ def audit_verdict_errors(mechanism: str = "correct") -> int:
     from dpgrpo.audit.whitebox import BROKEN, AuditSetup
 
     a = AUDIT_PRESET
-    setup = AuditSetup(n=a["canaries"], q=1.0, steps=a["steps"], sigma=a["sigma"],
+    setup = AuditSetup(n=a["canaries"], q=1.0, rounds=a["rounds"], sigma=a["sigma"],
                        clip_norm=a["clip_norm"], delta=1e-5, coordinates=a["coordinates"],
                        canaries=a["canaries"])
     broken = tuple(b for b in BROKEN if b != mechanism)
