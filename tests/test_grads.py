@@ -46,8 +46,12 @@ def policy(tok):
     """fp64 tiny Llama with a nonzero LoRA adapter (so the KL term has a gradient)."""
     base = build_tiny_model(tok, dtype="float64")
     exact_rmsnorm(base)
-    model = attach_lora(base, LoraSettings(dropout=0.0))
-    gen = torch.Generator().manual_seed(7)
+    return _random_lora_b(attach_lora(base, LoraSettings(dropout=0.0)), seed=7)
+
+
+def _random_lora_b(model, *, seed: int):
+    """``model`` with lora_B drawn N(0, 0.2^2) (a fresh B is zero: no KL gradient), in eval."""
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -453,13 +457,7 @@ def test_gradient_checkpointing_turns_prompt_sharing_off(tok):
 def upper_policy(tok):
     """fp32 tiny Llama of 4 layers with LoRA on the top two only (as the CPU study's last 6)."""
     base = build_tiny_model(tok, layers=4)
-    model = attach_lora(base, LoraSettings(dropout=0.0, layers=(-2, -1)))
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.2)
-    return model.eval()
+    return _random_lora_b(attach_lora(base, LoraSettings(dropout=0.0, layers=(-2, -1))), seed=5)
 
 
 def _decoder_layers(model):
