@@ -184,12 +184,12 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
     """
     from dpgrpo.rollout.transformers_engine import TransformersEngine
 
-    engine = engine or TransformersEngine(model, tokenizer, record_logprobs=True)
     if base is None and base_generator is None and generator is not None:
         base_generator = torch.Generator().manual_seed(base_seed(generator.initial_seed()))
-    if base is None:
+    if base is None:      # the base's samples need no recorded log-probs: a plain engine
         base = base_rewards(model, tokenizer, task, problems, settings=settings,
                             generator=base_generator, engine=engine)
+    engine = engine or TransformersEngine(model, tokenizer, record_logprobs=True)
     if len(base) != len(problems) or any(len(r) != settings.n_samples for r in base):
         raise ConfigError(f"base samples: need {settings.n_samples} rewards for each of "
                           f"{len(problems)} problems")
