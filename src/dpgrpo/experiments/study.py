@@ -184,7 +184,7 @@ def _warm_start_eval(st: _Study, steps: Steps) -> None:
 
 def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
     """The public warm start, trained and evaluated (None without one)."""
-    from dpgrpo.model import adapter_digest
+    from dpgrpo.model_adapters import adapter_digest
     from dpgrpo.rundir.layout import RunDir
 
     if not st.settings.warm_start:

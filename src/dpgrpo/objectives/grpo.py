@@ -22,7 +22,7 @@ import torch
 
 from dpgrpo.config.losses import LOSS_TYPES, refuse
 from dpgrpo.errors import ConfigError
-from dpgrpo.model import reference_policy
+from dpgrpo.model_adapters import reference_policy
 from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform, window_logprobs
 from dpgrpo.objectives.logprobs import token_logprobs
 
@@ -179,7 +179,8 @@ def prompt_row_chunks(num_rows: int, rows_per_prompt: int,
 def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
                        batch_size: int | None = None) -> torch.Tensor:
     """Reference-policy token log-probs (no grad): (B*G, L), Eq. (3)'s pi_ref, the policy of
-    :func:`dpgrpo.model.reference_policy` (the run's start: the base, or a public warm start).
+    :func:`dpgrpo.model_adapters.reference_policy` (the run's start: the base, or a public
+    warm start).
 
     ``rollouts`` is a RolloutBatch or TrainBatch. Each forward holds at most ``batch_size`` rows
     of ONE prompt on that prompt's own columns, so a prompt's reference log-probs are the same

@@ -47,7 +47,7 @@ from typing import Any, Callable, cast
 import torch
 
 from dpgrpo.errors import ConfigError, PrivacyError
-from dpgrpo.model import frozen_adapter_names
+from dpgrpo.model_adapters import frozen_adapter_names
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import prompt_row_chunks
 from dpgrpo.training.runtime import release_free_memory

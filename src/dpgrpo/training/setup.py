@@ -202,13 +202,8 @@ def _epsilon_ceiling(q: float, sigma: float, rounds: int, delta: float) -> float
 
 def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) -> RunState:
     """Resolve the public constants, calibrate sigma, load the model and the optimizer."""
-    from dpgrpo.model import (
-        LoraSettings,
-        adapter_digest,
-        enable_gradient_checkpointing,
-        load_policy,
-        public_model_name,
-    )
+    from dpgrpo.model import enable_gradient_checkpointing, load_policy, public_model_name
+    from dpgrpo.model_adapters import LoraSettings, adapter_digest
     from dpgrpo.tasks import get_task
 
     ctx = ctx or DistContext()

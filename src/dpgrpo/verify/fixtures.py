@@ -110,7 +110,7 @@ def _tiny_policy(tok, dtype: str, seed: int, lora_scale: float):
     """A tiny Llama of ``dtype`` with a seeded LoRA adapter whose B is nonzero, dropout off."""
     import torch
 
-    from dpgrpo.model import LoraSettings, attach_lora
+    from dpgrpo.model_adapters import LoraSettings, attach_lora
 
     base = build_tiny_model(tok, dtype=dtype)
     if dtype == "float64":
