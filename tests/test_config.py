@@ -57,7 +57,7 @@ def test_paper_presets_load():
     from pathlib import Path
 
     configs = Path(__file__).resolve().parents[1] / "configs"
-    from dpgrpo.config.schema import EMBEDDED_DEFAULT
+    from dpgrpo.config.loading import EMBEDDED_DEFAULT
 
     for path in (configs / "math.toml", configs / "gsm8k.toml", configs / "csqa.toml",
                  EMBEDDED_DEFAULT):
