@@ -268,7 +268,7 @@ def test_rows_per_pass_changes_only_summation_order(policy, tok):
 
 def _with_recording_dropout(model, p: float):
     """Replace every LoRA dropout by the fast path's recording dropout (same RNG draws)."""
-    from dpgrpo.training.grads import _RecordingDropout
+    from dpgrpo.training.lora_hooks import _RecordingDropout
 
     saved = []
     for module in model.modules():
@@ -467,10 +467,10 @@ def _decoder_layers(model):
 def test_backward_starts_at_the_first_adapted_layer(upper_policy, tok, monkeypatch):
     """With LoRA on layers 2-3 of 4, no backward runs through layers 0-1, and the per-prompt
     gradients are the same bits as with the backward from the embeddings (the old start)."""
-    from dpgrpo.training import grads
+    from dpgrpo.training import lora_hooks
 
     layers = _decoder_layers(upper_policy)
-    assert grads.first_adapted_layer(upper_policy) is layers[2]
+    assert lora_hooks.first_adapted_layer(upper_policy) is layers[2]
     batch = _grpo_batch(upper_policy, tok, random_specs(tok, 0, 3),
                         torch.tensor([[1., 0, 1], [0, 0, 1], [1, 1, 0]]))
     calls: list[int] = []
@@ -480,7 +480,7 @@ def test_backward_starts_at_the_first_adapted_layer(upper_policy, tok, monkeypat
         new = per_prompt_grads_fast(upper_policy, GRPOObjective(), batch)
         assert calls and set(calls) == {2, 3}                  # 0 and 1: no backward
         calls.clear()
-        monkeypatch.setattr(grads, "first_adapted_layer", lambda model: None)
+        monkeypatch.setattr(lora_hooks, "first_adapted_layer", lambda model: None)
         old = per_prompt_grads_fast(upper_policy, GRPOObjective(), batch)
         assert set(calls) == {0, 1, 2, 3}                      # the embeddings' start: all four
     finally:
@@ -496,7 +496,7 @@ def test_backward_starts_at_the_first_adapted_layer(upper_policy, tok, monkeypat
 def test_backward_start_falls_back_to_the_embeddings(policy, tok):
     """LoRA from layer 0, or gradient checkpointing (its recomputation would replay the
     hook): the backward starts at the embeddings, or at the lowest adapted layer."""
-    from dpgrpo.training.grads import first_adapted_layer
+    from dpgrpo.training.lora_hooks import first_adapted_layer
 
     assert first_adapted_layer(policy) is _decoder_layers(policy)[0]
     plain = build_tiny_model(tok)
