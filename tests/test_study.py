@@ -281,7 +281,8 @@ def test_tasks_start_once_what_they_start_from_is_done() -> None:
     audit; otherwise the list order (longest first) decides."""
     from types import SimpleNamespace
 
-    from dpgrpo.experiments.study import _next_tasks, _prerequisite
+    from dpgrpo.experiments.study import _prerequisite
+    from dpgrpo.experiments.study_pool import _next_tasks
 
     st = SimpleNamespace(plan=SimpleNamespace(runs=[SimpleNamespace(name="dp-grpo-seed1"),
                                                     SimpleNamespace(name="non-private-seed1")]))

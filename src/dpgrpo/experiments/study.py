@@ -59,13 +59,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.experiments.study_pool import run_in_workers
 from dpgrpo.experiments.study_steps import (
     SWEEP_STEP,
     WARM_START,
@@ -307,12 +307,6 @@ def _prerequisite(st: _Study, name: str, names: Sequence[str]) -> str | None:
     return None
 
 
-def _next_tasks(pending: Sequence[str], after: Mapping[str, str | None], done: set[str],
-                free: int) -> list[str]:
-    """Up to ``free`` pending tasks whose prerequisite is done, in priority (list) order."""
-    return [n for n in pending if after.get(n) is None or after[n] in done][:free]
-
-
 #: The tasks that train and DIBA-audit a run, and the one drawing their base's samples.
 _AUDITED, AUDIT_BASE = ("private", "leaky", "dp-leaky"), "audit-base"
 
@@ -335,17 +329,11 @@ def _worker(config_path: str, out_dir: str, overrides: dict[str, Any], name: str
     _tasks(st, sweep)[name](Steps(say, st.out / "steps" / f"{name}.json"))
 
 
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def _run_tasks(st: _Study, overrides: dict[str, Any], sweep: bool, say: Say,
                verbose: bool) -> None:
     """Every task, in this process or (``study.workers`` > 1) in that many worker processes
-    at once, each with ``cores // workers`` torch threads."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
+    at once, each with ``cores // workers`` torch threads
+    (:mod:`dpgrpo.experiments.study_pool`)."""
     names = list(_tasks(st, sweep))       # priority order; each after its prerequisite
     workers = min(st.settings.workers, len(names))
     if workers == 1:
@@ -353,27 +341,10 @@ def _run_tasks(st: _Study, overrides: dict[str, Any], sweep: bool, say: Say,
         for name in names:
             tasks[name](Steps(say, st.out / "steps" / f"{name}.json"))
         return
-    threads = max(1, _cores() // workers)
-    say(f"{len(names)} tasks on {workers} workers, {threads} thread(s) each")
     after = {name: _prerequisite(st, name, names) for name in names}
-    pending, running, done = list(names), dict[Any, str](), set[str]()
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        while pending or running:
-            for name in _next_tasks(pending, after, done, workers - len(running)):
-                pending.remove(name)
-                running[pool.submit(_worker, str(st.config_path), str(st.out), overrides,
-                                    name, sweep, threads, verbose)] = name
-            if not running:   # cannot happen with _prerequisite's tasks; never spin
-                raise ConfigError(f"study tasks {pending} wait for tasks that never run")
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                name = running.pop(future)
-                if future.exception() is not None:
-                    say(f"task {name} failed: waiting for the running ones (every task is "
-                        "resumable)")
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    raise future.exception()  # type: ignore[misc]
-                done.add(name)
+    worker = functools.partial(_worker, str(st.config_path), str(st.out), overrides,
+                               sweep=sweep, verbose=verbose)
+    run_in_workers(names, after, workers, worker, say)
 
 
 def run_study(config_path: str | Path, out_dir: str | Path, *,
