@@ -173,3 +173,13 @@ def test_every_module_is_on_the_architecture_map():
     missing = [str(p.relative_to(SRC)) for p in (SRC / "dpgrpo").rglob("*.py")
                if p.name != "__init__.py" and p.name not in text]
     assert missing == []
+
+
+#: the longest a source file may be (docs/architecture.md; STYLE.md aims at about 400)
+MAX_LINES = 450
+
+
+def test_no_source_file_exceeds_450_lines():
+    too_long = sorted(f"{p.relative_to(SRC)} ({n} lines)" for p in (SRC / "dpgrpo").rglob("*.py")
+                      if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES)
+    assert not too_long, f"over {MAX_LINES} lines (split along a seam): {', '.join(too_long)}"
