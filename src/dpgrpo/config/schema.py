@@ -229,6 +229,10 @@ class TrainConfig:
     # "auto": the fast LoRA-hook path, or the reference path under gradient checkpointing
     # (autograd then saves only each layer's input: ~6x less memory than the hooks' stashes)
     grad_method: str = "auto"
+    # Compute the frozen layers below the lowest adapted one once per prompt window: the
+    # reference pass keeps their output for the gradient pass (dpgrpo.objectives.trunk). Costs
+    # B x (prompt + G x completion) hidden states of memory; false recomputes them.
+    share_frozen_layers: bool = True
     # rows of ONE prompt per training/reference pass (default: from max_tokens_per_pass below)
     rows_per_pass: int | None = None
     rollout_batch_size: int | None = None  # rows per generate call (default: 16 passes' rows)

@@ -10,9 +10,12 @@ per-prompt gradient depends on that record alone (Section III-C, first remark; I
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from dpgrpo.objectives.trunk import Trunk
 
 
 @dataclass
@@ -27,6 +30,7 @@ class TrainBatch:
     rows_per_prompt: int                 # R
     advantages: torch.Tensor | None = None      # (B, R), computed within each prompt
     ref_logprobs: torch.Tensor | None = None    # (B*R, L) reference-policy token log-probs
+    trunk: Trunk | None = None                   # the reference pass's frozen-layer states
 
     def __post_init__(self) -> None:
         n, r = self.num_prompts * self.rows_per_prompt, self.rows_per_prompt
@@ -69,7 +73,8 @@ class TrainBatch:
         return TrainBatch(self.input_ids.to(device), self.attention_mask.to(device),
                           self.loss_mask.to(device), self.row_weights.to(device),
                           self.num_prompts, self.rows_per_prompt, move(self.advantages),
-                          move(self.ref_logprobs))
+                          move(self.ref_logprobs),
+                          None if self.trunk is None else self.trunk.to(device))
 
 
 @runtime_checkable
@@ -97,7 +102,8 @@ def window_logprobs(model: torch.nn.Module, batch: TrainBatch, rows: slice
 
     ids, attn, mask, ref = batch.window(rows)                                 # (n, W)
     share = min(ids.shape[0], batch.rows_per_prompt)
-    return token_logprobs(model, ids, attn, mask=mask, group_size=share), mask, ref
+    return (token_logprobs(model, ids, attn, mask=mask, group_size=share, trunk=batch.trunk),
+            mask, ref)
 
 
 def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ DAPO's ``epsilon_high``) would never bind and is not implemented (``docs/coming-
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,6 +26,7 @@ from dpgrpo.errors import ConfigError
 from dpgrpo.model_adapters import reference_policy
 from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform, window_logprobs
 from dpgrpo.objectives.logprobs import token_logprobs
+from dpgrpo.objectives.trunk import Trunk
 
 ADVANTAGE_MODES = ("group", "zero", "shuffled", "positive")
 
@@ -177,19 +179,22 @@ def prompt_row_chunks(num_rows: int, rows_per_prompt: int,
 
 
 def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
-                       batch_size: int | None = None) -> torch.Tensor:
+                       batch_size: int | None = None,
+                       trunk: Trunk | None = None) -> torch.Tensor:
     """Reference-policy token log-probs (no grad): (B*G, L), Eq. (3)'s pi_ref, the policy of
     :func:`dpgrpo.model_adapters.reference_policy` (the run's start: the base, or a public
     warm start).
 
     ``rollouts`` is a RolloutBatch or TrainBatch. Each forward holds at most ``batch_size`` rows
     of ONE prompt on that prompt's own columns, so a prompt's reference log-probs are the same
-    bits whichever prompts share its round (record isolation, A2).
+    bits whichever prompts share its round (record isolation, A2). ``trunk``: each window's
+    frozen-layer states are recorded into it, for the gradient pass (:mod:`.trunk`).
     """
     ids, attn, mask, per_prompt = _layout(rollouts)
     dtype = torch.promote_types(next(policy_model.parameters()).dtype, torch.float32)
     out = torch.zeros(ids.shape, dtype=dtype, device=ids.device)
-    with torch.no_grad(), reference_policy(policy_model):
+    with torch.no_grad(), reference_policy(policy_model), \
+            (trunk.recording() if trunk is not None else nullcontext()):
         for rows in prompt_row_chunks(ids.shape[0], per_prompt, batch_size):
             used = attn[rows].bool().any(dim=0).nonzero()
             if len(used) == 0:
@@ -197,20 +202,21 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
             cols = slice(int(used[0]), int(used[-1]) + 1)
             out[rows, cols] = token_logprobs(policy_model, ids[rows, cols], attn[rows, cols],
                                              mask=mask[rows, cols],
-                                             group_size=rows.stop - rows.start).to(dtype)
+                                             group_size=rows.stop - rows.start,
+                                             trunk=trunk).to(dtype)
     return out
 
 
 def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,
                      advantages: torch.Tensor | None = None,
                      ref_logprobs: torch.Tensor | None = None, *,
-                     mask_truncated: bool = False) -> TrainBatch:
+                     mask_truncated: bool = False, trunk: Trunk | None = None) -> TrainBatch:
     """TrainBatch for Eq. (7) from a RolloutBatch: loss on completion tokens, weights 1/G.
 
     rewards: (B, G); advantages: (B, G), default :func:`group_advantages` of ``rewards``.
     ``mask_truncated``: completions that hit the cap get no loss tokens (DAPO's overlong
     filtering, Yu et al. 2025, Sec. 3.4; TRL's ``mask_truncated_completions``): a rule on each
-    row's own ``hit_cap``.
+    row's own ``hit_cap``. ``trunk``: the reference pass's frozen-layer states (:mod:`.trunk`).
     """
     b, g = rollouts.num_prompts, rollouts.group_size
     if tuple(rewards.shape) != (b, g):
@@ -226,4 +232,4 @@ def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,
                       loss_mask=loss_mask,
                       row_weights=row_weights_uniform(b, g, advantages.dtype),
                       num_prompts=b, rows_per_prompt=g, advantages=advantages,
-                      ref_logprobs=ref_logprobs)
+                      ref_logprobs=ref_logprobs, trunk=trunk)

@@ -23,11 +23,13 @@ the gradient pass then cost about what the completions need; ``bench/prompt_shar
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, cast
 
 import torch
 
 from dpgrpo.errors import ConfigError
+from dpgrpo.objectives.trunk import Trunk
 
 #: entries of one ``chunk x V`` logits buffer (128 MB in fp32): bounds the head's working set
 DEFAULT_LOGIT_ELEMENTS = 1 << 25
@@ -142,7 +144,7 @@ def uses_checkpointing(model: torch.nn.Module) -> bool:
     return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
-def _shared_prompt_states(model: torch.nn.Module, decoder: torch.nn.Module,
+def _shared_prompt_states(model: torch.nn.Module, decoder: Callable[..., Any],
                           input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int,
                           group_size: int) -> torch.Tensor:
     """(N, L - start, H) hidden states predicting tokens ``start .. L-1`` of each row, each
@@ -167,8 +169,8 @@ def _shared_prompt_states(model: torch.nn.Module, decoder: torch.nn.Module,
     return torch.cat([h_last.repeat_interleave(g, 0)[:, None], hidden[:, :-1]], 1)
 
 
-def _scoring_states(model: torch.nn.Module, decoder: torch.nn.Module, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor, want: torch.Tensor,
+def _scoring_states(model: torch.nn.Module, decoder: Callable[..., Any],
+                    input_ids: torch.Tensor, attention_mask: torch.Tensor, want: torch.Tensor,
                     group_size: int | None) -> tuple[torch.Tensor, int]:
     """Hidden states ``S`` and a column ``s`` such that ``S[:, j]`` predicts token ``s + j``.
 
@@ -191,7 +193,8 @@ def _scoring_states(model: torch.nn.Module, decoder: torch.nn.Module, input_ids:
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor, *, first: int = 1,
                    mask: torch.Tensor | None = None,
-                   chunk: int | None = None, group_size: int | None = None) -> torch.Tensor:
+                   chunk: int | None = None, group_size: int | None = None,
+                   trunk: Trunk | None = None) -> torch.Tensor:
     """log pi(token_k | prefix) at scored positions, zeros elsewhere; (N, L) -> (N, L).
 
     A position k is scored if k >= ``first`` and, when ``mask`` (N, L) is given, ``mask[:, k]``
@@ -200,7 +203,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
     for fp64 models. Differentiable with respect to the adapter; no (N, L, V) tensor is formed.
     ``group_size`` G: rows ``i*G .. i*G+G-1`` may be completions of one prompt; if they are
     (identical up to the first scored column), that prompt runs once for its G rows, which
-    gives the same values up to float rounding.
+    gives the same values up to float rounding. ``trunk``: the frozen layers' states of this
+    window are recorded into it (while it is recording) or replayed from it (:mod:`.trunk`).
     """
     n, length = input_ids.shape
     decoder, head, softcap = decoder_and_head(model)
@@ -213,7 +217,10 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
         want &= mask.bool()
     if n == 0 or not bool(want.any()):
         return out
-    states, start = _scoring_states(model, decoder, input_ids, attention_mask, want, group_size)
+    with (trunk.window(decoder, input_ids, attention_mask, want, group_size)
+          if trunk is not None else nullcontext(decoder)) as run:
+        states, start = _scoring_states(model, run, input_ids, attention_mask, want,
+                                        group_size)
     picked = states[want[:, start:]]                                          # (K, H)
     targets = input_ids[:, start:][want[:, start:]]                           # (K,)
     logp = chosen_logprobs(picked, weight, targets, bias=getattr(head, "bias", None),

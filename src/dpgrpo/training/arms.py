@@ -25,10 +25,12 @@ from dpgrpo.objectives.grpo import (
     reference_logprobs,
 )
 from dpgrpo.objectives.sft import SFTObjective, build_filtered_sft_batch, build_gold_sft_batch
+from dpgrpo.objectives.trunk import Trunk
 from dpgrpo.privacy.record_coins import PromptCoins
 from dpgrpo.rollout import RolloutEngine, make_engine
 from dpgrpo.rollout.batch import completion_ids
 from dpgrpo.tasks.base import completion_cap
+from dpgrpo.training.lora_hooks import adapted_layer_index
 from dpgrpo.training.metrics import Laps
 
 #: objective name of the arm table -> the objective, from the train table and the public cap
@@ -87,12 +89,21 @@ class Arm:
         mode = cast(str, self.spec.advantage)        # every grpo arm has one (config/arms.py)
         adv = compute_advantages(rewards, mode, generator=generator, coins=shuffle,
                                  scale=self.train.scale_rewards == "group")
+        trunk = self._trunk()
         ref = (reference_logprobs(self.model, rollouts,
-                                  batch_size=self.train.pass_rows(self.cap))
+                                  batch_size=self.train.pass_rows(self.cap), trunk=trunk)
                if self.train.beta > 0 else None)
         self.laps.mark("reference")
-        return build_grpo_batch(rollouts, rewards, adv, ref,
+        return build_grpo_batch(rollouts, rewards, adv, ref, trunk=trunk,
                                 mask_truncated=self.train.mask_truncated_completions), info
+
+    def _trunk(self) -> Trunk | None:
+        """A fresh store for this round's frozen-layer states, when the reference pass runs
+        and an adapter leaves frozen layers below it (``train.share_frozen_layers``)."""
+        if self.train.beta <= 0 or not self.train.share_frozen_layers:
+            return None
+        index = adapted_layer_index(self.model)
+        return Trunk(index) if index else None
 
     def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator | None,
                   seeds: list[int] | None) -> tuple[Any, torch.Tensor]:

@@ -65,6 +65,17 @@ def _is_lora_layer(module: torch.nn.Module) -> bool:
             and hasattr(module, "base_layer"))
 
 
+def adapted_layer_index(model: torch.nn.Module) -> int | None:
+    """The index of :func:`first_adapted_layer` in the decoder's ``layers`` (None if none)."""
+    from dpgrpo.objectives.logprobs import decoder_and_head
+
+    layer = first_adapted_layer(model)
+    if layer is None:
+        return None
+    layers = cast(torch.nn.ModuleList, decoder_and_head(model)[0].layers)
+    return next(i for i, one in enumerate(layers) if one is layer)
+
+
 def first_adapted_layer(model: torch.nn.Module) -> torch.nn.Module | None:
     """The lowest decoder layer holding a LoRA layer, when every LoRA layer lies in the
     decoder's ``layers`` and no layer recomputes itself (gradient checkpointing); else None.
