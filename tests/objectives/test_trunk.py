@@ -180,3 +180,49 @@ def test_the_arm_records_the_trunk_for_its_gradient_pass(upper, tok, share):
         assert batch.trunk.layer == 2
     else:
         assert batch.trunk is None
+
+
+def test_gold_sft_keeps_each_records_trunk_across_rounds(upper, tok):
+    """Gold SFT's windows are the same every round: the arm's kept trunk records a record's
+    frozen layers the first time it is sampled, and later rounds replay them with the same
+    gradient bits; the memory cap is honoured (0 keeps nothing)."""
+    from types import SimpleNamespace
+
+    from dpgrpo.config import apply_overrides, embedded_default
+    from dpgrpo.objectives.sft import SFTObjective
+    from dpgrpo.training.arms import make_arm
+
+    class Task:
+        default_max_new_tokens = 6
+
+        def prompt(self, problem):
+            return [{"role": "user", "content": QUESTIONS[problem]}]
+
+        def gold_target(self, problem):
+            return f"The answer is {problem * 7}."
+
+    def arm(mb):
+        cfg = apply_overrides(embedded_default(), ["train.arm=non-private-gold-sft",
+                                                   f"train.frozen_layer_cache_mb={mb}"])
+        return make_arm(cfg, SimpleNamespace(model=upper, tokenizer=tok), Task())
+
+    kept, plain = arm(512), arm(0)
+    first, _ = kept.batch([(Task(), 0), (Task(), 1)])
+    fresh = per_prompt_grads(upper, SFTObjective(), first, method="reference")
+    assert len(first.trunk) == 2 and first.trunk.bytes > 0
+    again, _ = kept.batch([(Task(), 1), (Task(), 2)])               # record 1 again, and 2
+    assert again.trunk is first.trunk
+    calls, handles = _lower_calls(upper)
+    try:
+        replayed = per_prompt_grads(upper, SFTObjective(), again, method="reference")
+    finally:
+        for h in handles:
+            h.remove()
+    assert calls[0] == 2                               # layers 0-1 ran for record 2 only
+    assert len(again.trunk) == 3
+    for k in fresh:
+        assert torch.equal(replayed[k][0], fresh[k][1])             # record 1: the same bits
+    none, _ = plain.batch([(Task(), 0)])
+    assert none.trunk is None
+    with pytest.raises(Exception, match="frozen_layer_cache_mb"):
+        apply_overrides(embedded_default(), ["train.frozen_layer_cache_mb=-1"])

@@ -233,6 +233,9 @@ class TrainConfig:
     # reference pass keeps their output for the gradient pass (dpgrpo.objectives.trunk). Costs
     # B x (prompt + G x completion) hidden states of memory; false recomputes them.
     share_frozen_layers: bool = True
+    # Gold SFT: the frozen layers' states of each record kept across rounds (a record's window
+    # is the same every round), up to this many MiB; 0 recomputes them every round
+    frozen_layer_cache_mb: int = 512
     # rows of ONE prompt per training/reference pass (default: from max_tokens_per_pass below)
     rows_per_pass: int | None = None
     rollout_batch_size: int | None = None  # rows per generate call (default: 16 passes' rows)
@@ -311,6 +314,9 @@ class TrainConfig:
                               "so with G = 1 every advantage is zero; use G >= 2")
         if self.max_tokens_per_pass < 1:
             raise ConfigError(f"train.max_tokens_per_pass must be >= 1, got {self.max_tokens_per_pass}")
+        if self.frozen_layer_cache_mb < 0:
+            raise ConfigError("train.frozen_layer_cache_mb must be >= 0, got "
+                              f"{self.frozen_layer_cache_mb}")
         for name in ("rows_per_pass", "rollout_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")

@@ -46,17 +46,26 @@ class Trunk:
 
     :meth:`recording` marks the passes whose windows are stored (the reference pass); any
     other pass given this trunk replays a stored window and computes the rest in full.
+    ``keep_bytes`` > 0 makes a trunk that records in every pass and lives across rounds, up
+    to that many bytes of states (gold SFT: a record's window is the same in every round it
+    is sampled, so its frozen layers run once per run). Whether a window was kept changes a
+    round's time only: a kept state is what that pass computes (tests/objectives/test_trunk.py).
     """
 
-    def __init__(self, layer: int) -> None:
+    def __init__(self, layer: int, *, keep_bytes: int = 0) -> None:
         if layer < 1:
             raise ValueError(f"a trunk needs at least one frozen layer below it, got {layer}")
-        self.layer = layer
+        self.layer, self.keep_bytes = layer, keep_bytes
         self._states: dict[tuple[Any, ...], list[torch.Tensor]] = {}
         self._recording = False
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._states)
+
+    @property
+    def is_recording(self) -> bool:
+        return self._recording or self.bytes < self.keep_bytes
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[Trunk]:
@@ -67,9 +76,10 @@ class Trunk:
             self._recording = False
 
     def to(self, device: torch.device | str) -> Trunk:
-        out = Trunk(self.layer)
-        out._states = {k: [s.to(device) for s in v] for k, v in self._states.items()}
-        return out
+        """This trunk with its states moved to ``device`` (the same object: a trunk kept across
+        rounds goes on recording into it)."""
+        self._states = {k: [t.to(device) for t in v] for k, v in self._states.items()}
+        return self
 
     @contextlib.contextmanager
     def window(self, decoder: torch.nn.Module, input_ids: torch.Tensor,
@@ -82,11 +92,12 @@ class Trunk:
             yield _Window(decoder, None, None, None)
             return
         stored = self._states.get(key)
-        record: list[torch.Tensor] | None = [] if self._recording and stored is None else None
+        record: list[torch.Tensor] | None = [] if self.is_recording and stored is None else None
         win = _Window(decoder, layers[: self.layer], stored, record)
         yield win
         if record is not None and win.complete and win.calls:
             self._states[key] = record
+            self.bytes += sum(t.numel() * t.element_size() for t in record)
 
 
 class _Window:

@@ -54,6 +54,7 @@ class Arm:
     new_engine: Callable[[], RolloutEngine] = field(repr=False)
     laps: Laps = field(default_factory=Laps)  # public wall-clock per phase (dpgrpo.training.metrics)
     _engine: RolloutEngine | None = field(default=None, repr=False)
+    _kept: Trunk | bool | None = field(default=None, repr=False)   # gold SFT's (False: none)
 
     @property
     def name(self) -> str:
@@ -97,6 +98,15 @@ class Arm:
         return build_grpo_batch(rollouts, rewards, adv, ref, trunk=trunk,
                                 mask_truncated=self.train.mask_truncated_completions), info
 
+    def _kept_trunk(self) -> Trunk | None:
+        """Gold SFT's trunk, kept across rounds: a record's window is the same every round, so
+        its frozen layers run once per run (``train.frozen_layer_cache_mb`` of states)."""
+        if self._kept is None and self.train.share_frozen_layers:
+            index = adapted_layer_index(self.model)
+            budget = self.train.frozen_layer_cache_mb << 20
+            self._kept = Trunk(index, keep_bytes=budget) if index and budget else False
+        return self._kept if isinstance(self._kept, Trunk) else None
+
     def _trunk(self) -> Trunk | None:
         """A fresh store for this round's frozen-layer states, when the reference pass runs
         and an adapter leaves frozen layers below it (``train.share_frozen_layers``)."""
@@ -123,6 +133,7 @@ class Arm:
         messages = [task.prompt(problem) for task, problem in records]
         targets = [task.gold_target(problem) for task, problem in records]
         batch = build_gold_sft_batch(self.tokenizer, messages, targets)
+        batch.trunk = self._kept_trunk()
         return batch, {"target_tokens_mean": float(batch.loss_mask.sum(1).float().mean())
                        if records else 0.0}
 
