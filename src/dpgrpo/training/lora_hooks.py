@@ -69,6 +69,8 @@ def adapted_layer_index(model: torch.nn.Module) -> int | None:
     """The index of :func:`first_adapted_layer` in the decoder's ``layers`` (None if none)."""
     from dpgrpo.objectives.logprobs import decoder_and_head
 
+    if not isinstance(model, torch.nn.Module):
+        return None
     layer = first_adapted_layer(model)
     if layer is None:
         return None
