@@ -9,12 +9,13 @@ computed at the input of that layer and hands it to the gradient pass of the sam
 
 Record isolation (A2): a state is keyed by everything its computation read (the window's
 tokens, mask, scored positions and group size, and the index of the decoder call within the
-window), so a window can only ever replay states computed from exactly its own inputs, and
-whether it replays depends on nothing but those inputs. Which windows are recorded is the
-fixed rule "every window of the reference pass", never a memory budget shared by a batch.
-
-The values equal recomputing up to float rounding (the reference pass runs its prompt cache
-preallocated, the gradient pass concatenates; tests/test_trunk.py bounds the difference).
+window), so a window can only ever replay states computed from exactly its own inputs. A
+round's trunk records every window of its reference pass (a fixed rule, no budget shared by
+the batch). The values equal recomputing up to float rounding (the reference pass runs its
+prompt cache preallocated, the gradient pass concatenates; tests/objectives/test_trunk.py
+bounds the difference; on SmolLM2 in fp32 the released adapters were the same bits). Gold
+SFT's kept trunk records and replays in the same kind of pass, so a replayed state is the
+bits that pass would compute: its memory cap changes a round's time, not its values.
 Replaying skips the lower layers' own calls; each skipped layer still writes a one-wide
 placeholder into a transformers ``DynamicLayer`` cache, so the mask sizes and sequence length
 the decoder reads from its cache stay right. A cache of any other kind, a layer that does not
