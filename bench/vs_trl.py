@@ -216,24 +216,36 @@ def _read(proc: subprocess.Popen, arm: str) -> tuple[str, object]:
     raise RuntimeError(f"arm {arm} ended without a result (exit {proc.wait()})")
 
 
-def interleave(model_dir: Path, work: Path, rounds: int, limit: int,
-               arms: tuple[str, ...]) -> dict[str, dict]:
-    procs = {arm: subprocess.Popen(
-        [sys.executable, __file__, "--child", arm, "--model-dir", str(model_dir), "--work",
-         str(work), "--rounds", str(rounds), "--eval", str(limit),
-         "--lora-layers", str(LORA["last_layers"])],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1) for arm in arms}
+def arm_command(arm: str, model_dir: Path, work: Path, rounds: int, limit: int) -> list[str]:
+    """The child process that runs ``arm``."""
+    return [sys.executable, __file__, "--child", arm, "--model-dir", str(model_dir), "--work",
+            str(work), "--rounds", str(rounds), "--eval", str(limit),
+            "--lora-layers", str(LORA["last_layers"])]
+
+
+def interleave(commands: dict[str, list[str]]) -> dict[str, dict]:
+    """Run each arm's command and pass the baton: one arm's step at a time, arms in turn."""
+    procs = {arm: subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   text=True, bufsize=1)
+             for arm, command in commands.items()}
     results: dict[str, dict] = {}
-    waiting = dict(procs)
-    while waiting:                                 # one step of each arm in turn
-        for arm, proc in list(waiting.items()):
-            kind, payload = _read(proc, arm)
-            if kind == "ready":
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-            elif kind == "result":
+    # Each arm's first "ready" comes after its model is loaded. A step runs from "go" to the
+    # arm's next message (the next "ready", or its "result" after the last step), and the
+    # parent waits for that message before it passes the baton on: one step at a time, so no
+    # arm's step ever shares the cores with another's (before 2026-12-03 the parent read the
+    # next arm's waiting "ready" at once, and all three arms' steps ran at the same time).
+    pending = {arm: _read(proc, arm) for arm, proc in procs.items()}
+    while pending:                                 # one step of each arm in turn
+        for arm in list(pending):
+            kind, payload = pending[arm]
+            if kind == "result":
                 results[arm] = payload
-                del waiting[arm]
+                del pending[arm]
+                continue
+            proc = procs[arm]
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            pending[arm] = _read(proc, arm)        # blocks until this arm's step is over
     for proc in procs.values():
         proc.wait()
     return results
@@ -301,7 +313,9 @@ def main() -> None:
     arms = tuple(a for a in args.arms.split(",") if a)
     summary = {"workload": {**TRL_OPTIONS, "lora": LORA, "rounds": args.rounds,
                             "eval_problems": args.eval},
-               "arms": summarize(interleave(model_dir, work, args.rounds, args.eval, arms))}
+               "arms": summarize(interleave({
+                   arm: arm_command(arm, model_dir, work, args.rounds, args.eval)
+                   for arm in arms}))}
     print(json.dumps(summary, indent=None if args.json else 2))
 
 
