@@ -121,3 +121,34 @@ ffa = ["model.lora_train=B", "train.learning_rate=3e-2"]
     chosen = load_config(result.chosen_config)
     assert (chosen.data.task, chosen.data.data_dir, chosen.data.n_slots) == ("gsm8k", str(folder), 40)
     assert chosen.model.lora_train == ("B" if result.chosen == "ffa" else "all")
+
+
+def test_seeds_train_each_point_that_many_times_and_score_their_mean(tiny_model_dir, tmp_path):
+    """``tune.seeds = 2``: two runs per point, in folders of their own, each with its own
+    certificate and evaluation; the point's accuracy is their mean, and the table shows both."""
+    from dpgrpo.experiments.tune import grid_table
+    from dpgrpo.rundir.layout import RunDir
+
+    config = load_config(None, [f"model.name={tiny_model_dir}", "model.device=cpu",
+                                "model.lora_rank=1", "data.n_slots=40", "privacy.epsilon=8",
+                                "privacy.expected_batch=4", "train.rounds=1",
+                                "train.group_size=2", "train.max_new_tokens=4"])
+    settings = TuneSettings(proxy="arithmetic-proxy", eval_limit=5, eval_batch_size=5, seeds=2,
+                            grid=(GridPoint("all"),))
+    result = run_tune(config, settings, tmp_path / "tune")
+    runs = [tmp_path / "tune" / "points" / "all" / "runs" / f"dp-grpo-seed{k}" for k in (1, 2)]
+    certs = [RunDir(r).certificate() for r in runs]
+    assert all(c is not None and c["epsilon"] == pytest.approx(8.0, abs=1e-3) for c in certs)
+    scores = [json.loads((r / "eval" / "summary.json").read_text())["accuracy"]["strict"]
+              for r in runs]
+    point, = result.points
+    assert point.accuracies == tuple(scores)
+    assert point.accuracy == pytest.approx(sum(scores) / 2)
+    assert json.loads((tmp_path / "tune" / "tune.json").read_text())["seeds"] == 2
+    if scores[0] != scores[1]:
+        assert f"{100 * scores[0]:.1f} / {100 * scores[1]:.1f}" in grid_table(result)
+
+
+def test_tune_seeds_must_be_positive():
+    with pytest.raises(ConfigError, match="seeds"):
+        TuneSettings(proxy="arithmetic-proxy", seeds=0)

@@ -101,3 +101,20 @@ def test_every_arithmetic_level_is_a_registered_task() -> None:
             p.question for p in generate_problems("train", 20, difficulty=level)]
         evals = load_problems(name, "eval")
         assert len(evals) == 200 and evals[0].id == "arith-eval-00000"
+
+
+def test_the_proxy_is_level_one_under_other_public_seeds() -> None:
+    """``arithmetic-proxy`` draws level 1 from seeds that ``arithmetic`` does not use: not its
+    train split, its eval split disjoint from its own train split, every problem level 1."""
+    from dpgrpo.tasks.arithmetic import PROXY_SEEDS, SEEDS
+
+    assert not set(PROXY_SEEDS.values()) & set(SEEDS.values())
+    train, evals = load_problems("arithmetic-proxy", "train"), load_problems("arithmetic-proxy",
+                                                                             "eval")
+    assert [p.question for p in train[:20]] == [
+        p.question for p in generate_problems("train", 20, seed=2, difficulty=1)]
+    assert [p.question for p in train] != [p.question for p in load_problems("arithmetic",
+                                                                              "train")]
+    assert len(train) == 1000 and len(evals) == 200
+    assert not {p.question for p in train} & {p.question for p in evals}
+    assert all(4 <= int(p.answer) <= 10 for p in train)       # two numbers from 2 to 5

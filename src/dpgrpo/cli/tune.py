@@ -11,7 +11,7 @@ import typer
 def tune_cmd(
     config: Path = typer.Argument(..., help="The private run's TOML config (an optional "
                                             "\\[tune] table: proxy, proxy_data_dir, workers, "
-                                            "eval_limit and \\[tune.grid])."),
+                                            "seeds, eval_limit and \\[tune.grid])."),
     proxy: Optional[str] = typer.Option(None, "--proxy", help="Public proxy task (e.g. "
                                         "arithmetic-2); default: tune.proxy."),
     proxy_data_dir: Optional[str] = typer.Option(None, "--proxy-data-dir",
@@ -21,6 +21,9 @@ def tune_cmd(
                                           help="Processes training points at once."),
     eval_limit: Optional[int] = typer.Option(None, "--eval-limit", min=1,
                                              help="Score on the first N proxy eval problems."),
+    seeds: Optional[int] = typer.Option(None, "--seeds", min=1,
+                                        help="Runs per point, scored by their mean accuracy "
+                                             "(default: tune.seeds, else 1)."),
     overrides: list[str] = typer.Option([], "--set", help="section.key=value (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
 ) -> None:
@@ -29,7 +32,7 @@ def tune_cmd(
     from dpgrpo.experiments.tune import grid_table, load_tune
 
     cfg, settings = load_tune(config, overrides, proxy=proxy, proxy_data_dir=proxy_data_dir,
-                              workers=workers, eval_limit=eval_limit)
+                              workers=workers, eval_limit=eval_limit, seeds=seeds)
     from dpgrpo.experiments.tune import run_tune
 
     say = (lambda m: None) if quiet else (lambda m: typer.echo(m, err=True))

@@ -17,7 +17,13 @@ Layout of the output folder OUT::
                             proxy accuracy; the chosen point; what was and was not read
     OUT/chosen.toml         the private config with the chosen point's overrides applied
     OUT/base/               the proxy's base evaluation
-    OUT/points/<name>/      each point's run (release/, recovery/, eval/), resumable
+    OUT/points/<name>/      each point's runs, one per seed (runs/dp-grpo-seed<k>/ with
+                            release/, recovery/, eval/), resumable
+
+``tune.seeds`` (default 1) trains each point that many times, each run from its own OS entropy,
+and scores the point by the mean of its runs' proxy accuracies: one run of a short DP-GRPO
+schedule can be tens of points away from the next (docs/results/README.md), so one seed per
+point can rank noise.
 
 A rerun into OUT skips complete points and resumes interrupted ones (:func:`protocol.run_one`).
 """
@@ -79,6 +85,7 @@ class TuneSettings:
     eval_limit: int | None = None
     eval_batch_size: int = 25
     workers: int = 1
+    seeds: int = 1              # runs per point; a point's score is their mean accuracy
 
     def __post_init__(self) -> None:
         if not self.grid:
@@ -86,8 +93,8 @@ class TuneSettings:
         names = [p.name for p in self.grid]
         if len(set(names)) != len(names):
             raise ConfigError(f"grid point names must be distinct: {names}")
-        if self.workers < 1 or self.eval_batch_size < 1:
-            raise ConfigError("tune: workers and eval_batch_size must be >= 1")
+        if self.workers < 1 or self.eval_batch_size < 1 or self.seeds < 1:
+            raise ConfigError("tune: workers, eval_batch_size and seeds must be >= 1")
 
 
 def parse_grid(table: Mapping[str, Any]) -> tuple[GridPoint, ...]:
@@ -129,7 +136,8 @@ def load_tune(path: str | Path, overrides: Sequence[str] = (), **options: Any
     grid = values.pop("grid", None)
     values.update({k: v for k, v in options.items() if v is not None})
     values.setdefault("eval_batch_size", protocol.get("eval_batch_size", 25))
-    known = {"proxy", "proxy_data_dir", "eval_split", "eval_limit", "eval_batch_size", "workers"}
+    known = {"proxy", "proxy_data_dir", "eval_split", "eval_limit", "eval_batch_size", "workers",
+             "seeds"}
     if unknown := sorted(set(values) - known):
         raise ConfigError(f"{path}: unknown [tune] key {unknown[0]!r} (known: "
                           f"{', '.join(sorted(known | {'grid'}))})")
@@ -205,8 +213,9 @@ class PointResult:
     trainable_params: int
     noise_to_signal: float
     completions: int
-    accuracy: float | None      # proxy eval accuracy (strict), None until evaluated
-    epsilon: float | None       # the proxy run's certified epsilon (= the private target)
+    accuracy: float | None      # proxy eval accuracy (strict): the mean over its runs
+    epsilon: float | None       # the proxy runs' certified epsilon (= the private target)
+    accuracies: tuple[float, ...] = ()   # each run's proxy accuracy, seed 1 first
 
 
 def _point_dirs(out: Path, point: GridPoint) -> Path:
@@ -215,23 +224,25 @@ def _point_dirs(out: Path, point: GridPoint) -> Path:
 
 def plan_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
                n: int) -> Any:
-    """The point's one-run protocol plan (DP-GRPO only, one seed, no figures) on the proxy."""
+    """The point's protocol plan (DP-GRPO only, ``settings.seeds`` runs, no figures) on the
+    proxy."""
     from dpgrpo.experiments.protocol import ProtocolSettings, plan_protocol
 
     cfg = proxy_config(config, settings, point, n)
-    st = ProtocolSettings(seeds=1, arms=("dp-grpo",), eval_split=settings.eval_split,
+    st = ProtocolSettings(seeds=settings.seeds, arms=("dp-grpo",), eval_split=settings.eval_split,
                           eval_limit=settings.eval_limit,
                           eval_batch_size=settings.eval_batch_size, figures=False)
     return plan_protocol(cfg, st, _point_dirs(out, point))
 
 
 def _run_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
-               n: int) -> dict[str, Any]:
+               n: int, seed: int = 1) -> dict[str, Any]:
+    """Train and score run ``seed`` (1-based) of ``point``."""
     from dpgrpo.experiments.protocol import check_existing, run_one
     from dpgrpo.rundir.layout import RunDir
 
     plan = plan_point(config, settings, point, out, n)
-    spec, = plan.runs
+    spec = plan.runs[seed - 1]
     check_existing(spec)
     _, summary = run_one(plan, spec)
     cert = RunDir(spec.run_dir).certificate() or {}
@@ -259,8 +270,21 @@ def _worker(config: dict[str, Any], settings: dict[str, Any], what: str, out: st
     st = _settings_from_dict(settings)
     if what == "base":
         return _run_base(cfg, st, Path(out), n)
-    point, = [p for p in st.grid if p.name == what]
-    return _run_point(cfg, st, point, Path(out), n)
+    name, seed = _task_point(what)
+    point, = [p for p in st.grid if p.name == name]
+    return _run_point(cfg, st, point, Path(out), n, seed)
+
+
+def _tasks(settings: TuneSettings) -> list[str]:
+    """The pool's tasks: the proxy's base evaluation, then every point's runs, seed 1 of every
+    point first (so an interrupted tune has one run of each point before any second run)."""
+    return ["base", *(f"{p.name}#{k}" for k in range(1, settings.seeds + 1)
+                      for p in settings.grid)]
+
+
+def _task_point(task: str) -> tuple[str, int]:
+    name, _, seed = task.rpartition("#")
+    return name, int(seed)
 
 
 def _settings_from_dict(data: Mapping[str, Any]) -> TuneSettings:
@@ -280,14 +304,17 @@ def _run_all(config: RunConfig, settings: TuneSettings, out: Path, n: int,
     import os
     from concurrent.futures import ProcessPoolExecutor
 
-    tasks = ["base", *(p.name for p in settings.grid)]
+    tasks = _tasks(settings)
     if settings.workers == 1:
         results = {}
         for name in tasks:
             say(f"{name} ...")
-            point = [p for p in settings.grid if p.name == name]
-            results[name] = (_run_base(config, settings, out, n) if name == "base"
-                             else _run_point(config, settings, point[0], out, n))
+            if name == "base":
+                results[name] = _run_base(config, settings, out, n)
+                continue
+            point_name, seed = _task_point(name)
+            point, = [p for p in settings.grid if p.name == point_name]
+            results[name] = _run_point(config, settings, point, out, n, seed)
         return results
     workers = min(settings.workers, len(tasks))
     threads = max(1, (os.cpu_count() or 1) // workers)
@@ -330,7 +357,9 @@ def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
     with RunLock(out, what="tune folder"):
         results = _run_all(config, settings, out, n, say)
     base = float(results["base"]["accuracy"])
-    points = tuple(_point_result(config, settings, p, n, results[p.name]) for p in settings.grid)
+    points = tuple(_point_result(config, settings, p, n,
+                                 [results[f"{p.name}#{k}"] for k in range(1, settings.seeds + 1)])
+                   for p in settings.grid)
     best = max(points, key=lambda r: (r.accuracy if r.accuracy is not None else -math.inf,
                                       -points.index(r)))
     chosen_cfg = apply_overrides(config, list(best.overrides))
@@ -339,6 +368,7 @@ def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
     report = {"proxy": settings.proxy, "proxy_data_dir": settings.proxy_data_dir,
               "eval_split": settings.eval_split, "private_task": config.data.task,
               "n": n, "epsilon": config.privacy.epsilon, "rounds": config.train.rounds,
+              "seeds": settings.seeds,
               "base_accuracy": base, "chosen": best.name,
               "chosen_overrides": list(best.overrides),
               "privacy_cost": "zero: every run trained and scored on the public proxy; the "
@@ -349,16 +379,22 @@ def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
 
 
 def _point_result(config: RunConfig, settings: TuneSettings, point: GridPoint, n: int,
-                  found: Mapping[str, Any]) -> PointResult:
+                  runs: Sequence[Mapping[str, Any]]) -> PointResult:
+    """A point's figures from its runs (they share p, sigma and epsilon: one plan)."""
     from dpgrpo.privacy.planning import noise_to_signal
 
+    found = runs[0]
     cfg = proxy_config(config, settings, point, n)
     p, m, sigma = int(found["trainable_params"]), cfg.privacy.expected_batch, float(found["sigma"])
+    accuracies = tuple(float(r["accuracy"]) for r in runs)
     return PointResult(name=point.name, overrides=point.overrides, expected_batch=m,
                        sigma=sigma, trainable_params=p,
                        noise_to_signal=noise_to_signal(sigma, p, m),
                        completions=int(round(m * cfg.train.group_size * cfg.train.rounds)),
-                       accuracy=float(found["accuracy"]), epsilon=found.get("epsilon"))
+                       accuracy=sum(accuracies) / len(accuracies),
+                       epsilon=max((r["epsilon"] for r in runs if r.get("epsilon") is not None),
+                                   default=None),
+                       accuracies=accuracies)
 
 
 def _chosen_header(settings: TuneSettings, best: PointResult) -> str:
@@ -369,6 +405,14 @@ def _chosen_header(settings: TuneSettings, best: PointResult) -> str:
             "original file are not repeated here.\n\n")
 
 
+def _accuracy_cell(r: PointResult) -> str:
+    """The mean proxy accuracy, and each run's when there are several."""
+    mean = f"{100 * (r.accuracy or 0):.1f}"
+    if len(r.accuracies) < 2:
+        return mean
+    return f"{mean} ({' / '.join(f'{100 * a:.1f}' for a in r.accuracies)})"
+
+
 def grid_table(result: TuneResult) -> str:
     """Markdown: each point's size, noise-to-signal and proxy accuracy, the chosen one marked."""
     from dpgrpo.reports.tables import markdown_table
@@ -376,9 +420,9 @@ def grid_table(result: TuneResult) -> str:
     rows = [[("**" + r.name + "**") if r.name == result.chosen else r.name,
              " ".join(r.overrides) or "(as configured)", f"{r.trainable_params:,}",
              f"{r.expected_batch:g}", f"{r.sigma:.4f}", f"{r.noise_to_signal:.2f}",
-             f"{r.completions:,}", f"{100 * (r.accuracy or 0):.1f}"] for r in result.points]
+             f"{r.completions:,}", _accuracy_cell(r)] for r in result.points]
     header = ["point", "overrides", "trainable p", "m", "sigma", "sigma sqrt(p)/m",
-              "completions", "proxy accuracy (%)"]
+              "completions", "proxy accuracy (%): mean (per run)"]
     return (markdown_table(header, rows)
             + f"\n\nProxy base accuracy {100 * result.base_accuracy:.1f}%.\n")
 

@@ -150,7 +150,10 @@ def generate_problems(split: str, n: int | None = None, *, seed: int | None = No
     raise ConfigError(f"could not draw {n} distinct problems at difficulty {difficulty}")
 
 
-def _loader(split: str, difficulty: int, sizes: dict[str, int]):
+def _loader(split: str, difficulty: int, sizes: dict[str, int],
+            seeds: dict[str, int] | None = None):
+    seeds = seeds or SEEDS
+
     def load(data_dir: str | Path | None = None, *, skip_invalid: bool = False,
              source: str = "local") -> LoadedSplit:
         if source != "local":
@@ -158,9 +161,9 @@ def _loader(split: str, difficulty: int, sizes: dict[str, int]):
         exclude = None
         if split == "eval":  # disjoint from the train split built with the same settings
             exclude = {p.question for p in generate_problems(
-                "train", sizes["train"], difficulty=difficulty)}
-        return LoadedSplit(generate_problems(split, sizes[split], difficulty=difficulty,
-                                             exclude=exclude))
+                "train", sizes["train"], seed=seeds["train"], difficulty=difficulty)}
+        return LoadedSplit(generate_problems(split, sizes[split], seed=seeds[split],
+                                             difficulty=difficulty, exclude=exclude))
 
     return load
 
@@ -196,3 +199,17 @@ ARITHMETIC_LEVELS = {level: register_task(replace(
     splits={s: _loader(s, level, DEFAULT_SIZES) for s in DEFAULT_SIZES},
     description=f"embedded arithmetic word problems, level {level} (generated from a public "
                 "seed)")) for level in (2, 3, 5)}
+
+#: seeds of ``arithmetic-proxy``: level 1 drawn again, none of them a seed of ``arithmetic``
+PROXY_SEEDS = {"train": 2, "eval": 3}
+#: ``arithmetic-proxy``: the level-1 task under other public seeds, for choosing settings of
+#: a run on ``arithmetic`` (``dpgrpo tune --proxy arithmetic-proxy``) without reading its
+#: splits. Its problems come from the same templates, so some questions recur in both tasks;
+#: every one of them is public (generated from a public seed), and the proxy's eval split is
+#: disjoint from its own train split.
+ARITHMETIC_PROXY = register_task(replace(
+    ARITHMETIC, name="arithmetic-proxy",
+    splits={s: _loader(s, DEFAULT_DIFFICULTY, DEFAULT_SIZES, PROXY_SEEDS)
+            for s in DEFAULT_SIZES},
+    description="embedded arithmetic word problems, level 1 under other public seeds (train 2, "
+                "eval 3): a proxy for tuning runs on the level-1 task"))
