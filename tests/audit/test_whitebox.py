@@ -32,7 +32,8 @@ from dpgrpo.audit.whitebox_stats import (
 )
 from dpgrpo.errors import ConfigError, MechanismAuditError
 
-#: The study's operating point (configs/cpu-study.toml): n 1,000, q 0.008, T 12, sigma 0.344.
+#: The study's operating point until 2026-12-03 (configs/cpu-study.toml then): n 1,000, q 0.008,
+#: T 12, sigma 0.344.
 OPERATING = dict(n=1000, q=0.008, rounds=12, sigma=0.344, clip_norm=0.055, delta=1e-4,
                  coordinates=1024, canaries=1000, certified_epsilon=8.0)
 
@@ -215,11 +216,15 @@ def test_setup_from_the_study_config():
 
     # sigma given, as the study's calibration found it (calibrating here would take a minute)
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "cpu-study.toml",
-                      ["privacy.noise_multiplier=0.3441"])
-    setup = setup_from_config(cfg, n=1000, coordinates=19_584)
-    assert setup.q == pytest.approx(0.008) and setup.sigma == 0.3441
+                      ["privacy.noise_multiplier=0.3806"])
+    # its adapter has 6,912 trainable coordinates: room for fewer orthonormal canaries than
+    # the default 16,000, which is refused with the reason
+    with pytest.raises(ConfigError, match="16000 orthonormal canaries need at least"):
+        setup_from_config(cfg, n=1000, coordinates=6_912)
+    setup = setup_from_config(cfg, n=1000, coordinates=6_912, canaries=6_000)
+    assert setup.q == pytest.approx(0.016) and setup.sigma == 0.3806
     assert setup.certified_epsilon == pytest.approx(8.0, abs=0.01)
-    assert setup.canaries == DEFAULT_CANARIES and setup.n == 1000 + DEFAULT_CANARIES
+    assert setup.canaries == 6_000 and setup.n == 1000 + 6_000
     assert setup.audit_mode().canaries == 1000 and setup.audit_mode().q == 1.0
     with pytest.raises(ConfigError, match="n_slots"):
         setup_from_config(cfg)
