@@ -1,7 +1,7 @@
 """dpgrpo against TRL's GRPOTrainer: the same prompts, settings and scorer, taking turns.
 
 TRL is an optional dev dependency that CI never installs. Install it next to the project's
-torch pin, then run (the defaults take 75+ CPU-minutes on 2 cores)::
+torch pin, then run (the defaults take about 25 minutes on 2 idle cores)::
 
     .venv/bin/pip install -e ".[trl]" "torch==2.13.0"
     .venv/bin/python bench/vs_trl.py --json > vs_trl.json
