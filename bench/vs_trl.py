@@ -1,11 +1,13 @@
 """dpgrpo against TRL's GRPOTrainer: the same prompts, settings and scorer, taking turns.
 
 TRL is an optional dev dependency that CI never installs. Install it next to the project's
-torch pin, then run (the defaults take about 25 minutes on 2 idle cores)::
+torch pin, then run (one repeat takes about 25 minutes on 2 idle cores)::
 
     .venv/bin/pip install -e ".[trl]" "torch==2.13.0"
     .venv/bin/python bench/vs_trl.py --json > vs_trl.json
+    .venv/bin/python bench/vs_trl.py --repeats 4 --json > vs_trl.json  # the accuracy goal
     .venv/bin/python bench/vs_trl.py --rounds 2 --eval 20 --json      # a quick look
+    .venv/bin/python bench/vs_trl.py --arms non-private --set train.clip_nonprivate=false
 
 The workload is issue 30's:
 
@@ -38,6 +40,14 @@ Reported per arm:
   with the same scorer for all arms, with a 95% bootstrap interval over problems, and for each
   dpgrpo arm the paired interval of its difference to TRL.
 
+Accuracy after 12 steps varies from run to run by more than that interval shows (a run's
+interval counts the eval problems, not the training run). ``--repeats K`` trains every arm K
+times (TRL with seeds ``--trl-seed`` + 0 .. K-1; dpgrpo's coins come from OS entropy) and adds
+each arm's accuracy over the runs: every run's accuracy, their mean and standard deviation, and
+a bootstrap interval that resamples the runs as well as the problems (:func:`bootstrap_runs`),
+so the goal is judged on training variation too. ``--set KEY=VALUE`` adds a dpgrpo override to
+the dpgrpo arms (a dotted config key; VALUE read as JSON, else as a string).
+
 The goals, on an idle machine: non-private at most 0.8x TRL's time per step and 0.5x its peak
 RSS, DP-GRPO at most 0.9x TRL's time, and non-private accuracy not below TRL's beyond the
 interval. Record the figures in bench/README.md.
@@ -54,6 +64,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 ARMS = ("trl", "non-private", "dp-grpo")
 #: the TRL options both libraries read (dpgrpo through from_trl_config)
@@ -122,7 +133,7 @@ def _num_layers(model_dir: Path) -> int:
 
 # --- the arms (each in a child process) -------------------------------------------------------
 
-def run_trl(model_dir: Path, work: Path, rounds: int) -> dict:
+def run_trl(model_dir: Path, work: Path, rounds: int, seed: int = 42) -> dict:
     from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -135,7 +146,7 @@ def run_trl(model_dir: Path, work: Path, rounds: int) -> dict:
     args = GRPOConfig(output_dir=str(work / "trl"), max_steps=rounds, use_cpu=True, bf16=False,
                       fp16=False, gradient_checkpointing=False, lr_scheduler_type="constant",
                       logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-                      **TRL_OPTIONS)
+                      seed=seed, **TRL_OPTIONS)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
                           train_dataset=dataset, peft_config=lora)
     spent = [0.0]
@@ -166,7 +177,8 @@ def run_trl(model_dir: Path, work: Path, rounds: int) -> dict:
             "adapter": str(work / "trl-adapter")}
 
 
-def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int) -> dict:
+def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int,
+               extra: dict[str, object] | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import dpgrpo
@@ -179,7 +191,7 @@ def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int) -> dict:
                  "model.lora_dropout": LORA["dropout"], "model.target_modules": LORA["modules"],
                  "model.lora_layers": list(range(-LORA["last_layers"], 0)),
                  "train.metrics": "jsonl", "train.public_timings": True,
-                 "train.checkpoint_every": rounds, "privacy.epsilon": 8}
+                 "train.checkpoint_every": rounds, "privacy.epsilon": 8, **(extra or {})}
     settings = dpgrpo.from_trl_config({**TRL_OPTIONS, "max_steps": rounds}, overrides=overrides)
     run = work / arm
     _turn()                                       # round 1 waits for the first baton
@@ -196,9 +208,11 @@ def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int) -> dict:
             "prompts_per_step_mean": statistics.fmean(batch) if batch else 0.0}
 
 
-def child(arm: str, model_dir: Path, work: Path, rounds: int, limit: int) -> None:
-    out = run_trl(model_dir, work, rounds) if arm == "trl" else \
-        run_dpgrpo(arm, model_dir, work, rounds)
+def child(arm: str, model_dir: Path, work: Path, rounds: int, limit: int, *,
+          trl_seed: int = 42, extra: dict[str, object] | None = None) -> None:
+    out = run_trl(model_dir, work, rounds, trl_seed) if arm == "trl" else \
+        run_dpgrpo(arm, model_dir, work, rounds, extra)
+    out["trl_seed" if arm == "trl" else "overrides"] = trl_seed if arm == "trl" else extra or {}
     out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     out["correct"] = evaluate(model_dir, Path(out["adapter"]), work / f"eval-{arm}", limit)
     _say("result", out)
@@ -216,11 +230,27 @@ def _read(proc: subprocess.Popen, arm: str) -> tuple[str, object]:
     raise RuntimeError(f"arm {arm} ended without a result (exit {proc.wait()})")
 
 
-def arm_command(arm: str, model_dir: Path, work: Path, rounds: int, limit: int) -> list[str]:
-    """The child process that runs ``arm``."""
+def arm_command(arm: str, model_dir: Path, work: Path, rounds: int, limit: int, *,
+                trl_seed: int = 42, sets: Sequence[str] = ()) -> list[str]:
+    """The child process that runs ``arm`` (``sets``: ``--set`` arguments, KEY=VALUE)."""
     return [sys.executable, __file__, "--child", arm, "--model-dir", str(model_dir), "--work",
             str(work), "--rounds", str(rounds), "--eval", str(limit),
-            "--lora-layers", str(LORA["last_layers"])]
+            "--lora-layers", str(LORA["last_layers"]), "--trl-seed", str(trl_seed),
+            *(x for kv in sets for x in ("--set", kv))]
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, object]:
+    """``--set`` arguments as dpgrpo overrides: ``KEY=VALUE``, VALUE as JSON, else a string."""
+    out: dict[str, object] = {}
+    for kv in sets:
+        key, eq, value = kv.partition("=")
+        if not eq or not key.strip():
+            raise SystemExit(f"bench/vs_trl.py: --set wants KEY=VALUE, got {kv!r}")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
 
 
 def interleave(commands: dict[str, list[str]]) -> dict[str, dict]:
@@ -265,6 +295,52 @@ def bootstrap(correct: list[bool], other: list[bool] | None = None, draws: int =
                                               float(np.percentile(means, 97.5))]}
 
 
+def bootstrap_runs(runs: list[list[bool]], other: list[list[bool]] | None = None,
+                   draws: int = 10_000, seed: int = 0) -> dict:
+    """Mean accuracy over training runs (or its difference to ``other``'s runs) with a 95%
+    interval that resamples the runs of each arm and the problems (paired across arms).
+
+    ``runs``: one list of 0/1 per run, all over the same problems in the same order. A draw
+    picks K runs of each arm with replacement and N problems with replacement, and takes the
+    mean over both; so the interval widens with the spread between runs, which an interval
+    over problems alone leaves out.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    a = np.asarray(runs, dtype=float)                                   # (K, N)
+    b = None if other is None else np.asarray(other, dtype=float)       # (K', N)
+    if b is not None and b.shape[1] != a.shape[1]:
+        raise ValueError(f"runs over {a.shape[1]} and {b.shape[1]} problems")
+    means = np.empty(draws)
+    for d in range(draws):
+        problems = rng.integers(0, a.shape[1], size=a.shape[1])
+        value = a[rng.integers(0, len(a), size=len(a))][:, problems].mean()
+        if b is not None:
+            value -= b[rng.integers(0, len(b), size=len(b))][:, problems].mean()
+        means[d] = value
+    point = a.mean() - (0.0 if b is None else b.mean())
+    return {"mean": float(point), "ci95": [float(np.percentile(means, 2.5)),
+                                           float(np.percentile(means, 97.5))]}
+
+
+def over_runs(repeats: list[dict[str, dict]]) -> dict:
+    """Each arm's accuracy over the repeats: per run, mean, standard deviation, and
+    :func:`bootstrap_runs` (for a dpgrpo arm, also its difference to TRL)."""
+    arms = [arm for arm in repeats[0] if all(arm in r for r in repeats)]
+    correct = {arm: [r[arm]["correct"] for r in repeats] for arm in arms}
+    out: dict[str, dict] = {}
+    for arm in arms:
+        acc = [statistics.fmean(c) for c in correct[arm]]
+        out[arm] = {"runs": len(acc), "accuracy_per_run": acc,
+                    "accuracy_mean": statistics.fmean(acc),
+                    "accuracy_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+                    "accuracy": bootstrap_runs(correct[arm])}
+        if arm != "trl" and "trl" in correct:
+            out[arm]["accuracy_minus_trl"] = bootstrap_runs(correct[arm], correct["trl"])
+    return out
+
+
 def summarize(results: dict[str, dict]) -> dict:
     out: dict[str, dict] = {}
     for arm, r in results.items():
@@ -301,21 +377,40 @@ def main() -> None:
                         "temporary folder)")
     parser.add_argument("--lora-layers", type=int, default=LORA["last_layers"],
                         help="adapt the last N decoder layers")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="train every arm this many times; report accuracy over the runs")
+    parser.add_argument("--trl-seed", type=int, default=42,
+                        help="GRPOConfig's seed (repeat k uses seed + k)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        dest="sets", help="a dpgrpo override for the dpgrpo arms (repeatable)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="vs_trl-"))
     LORA["last_layers"] = args.lora_layers
+    extra = parse_sets(args.sets)                 # a bad --set stops here, before any run
     if args.child:
-        child(args.child, args.model_dir, work, args.rounds, args.eval)
+        child(args.child, args.model_dir, work, args.rounds, args.eval,
+              trl_seed=args.trl_seed, extra=extra)
         return
+    if args.repeats < 1:
+        raise SystemExit("bench/vs_trl.py: --repeats must be >= 1")
     model_dir = export_model(args.model_dir or work / "smollm2-135m-hf")
     arms = tuple(a for a in args.arms.split(",") if a)
-    summary = {"workload": {**TRL_OPTIONS, "lora": LORA, "rounds": args.rounds,
-                            "eval_problems": args.eval},
-               "arms": summarize(interleave({
-                   arm: arm_command(arm, model_dir, work, args.rounds, args.eval)
-                   for arm in arms}))}
+    repeats = []
+    for k in range(args.repeats):                 # repeat k: its own folder and TRL seed
+        folder = work if args.repeats == 1 else work / f"repeat-{k}"
+        repeats.append(interleave({
+            arm: arm_command(arm, model_dir, folder, args.rounds, args.eval,
+                             trl_seed=args.trl_seed + k, sets=args.sets) for arm in arms}))
+    summary: dict[str, object] = {
+        "workload": {**TRL_OPTIONS, "lora": LORA, "rounds": args.rounds,
+                     "eval_problems": args.eval, "dpgrpo_overrides": extra,
+                     "trl_seeds": [args.trl_seed + k for k in range(args.repeats)]},
+        "arms": summarize(repeats[0])}
+    if args.repeats > 1:
+        summary["repeats"] = [summarize(r) for r in repeats]
+        summary["over_runs"] = over_runs(repeats)
     print(json.dumps(summary, indent=None if args.json else 2))
 
 

@@ -42,3 +42,46 @@ def test_one_arm_step_at_a_time_and_every_step_taken():
         assert end <= start, f"a step of {other} started before one of {arm} ended"
     order = [arm for _, _, arm in spans]
     assert order[:3] == list(commands), "the arms take turns, in order"
+
+
+def test_set_and_seed_reach_the_child_command():
+    command = vs_trl.arm_command("non-private", Path("m"), Path("w"), 12, 200, trl_seed=7,
+                                 sets=["train.clip_nonprivate=false", "train.loss_type=dr_grpo"])
+    assert command[command.index("--trl-seed") + 1] == "7"
+    sets = [command[i + 1] for i, x in enumerate(command) if x == "--set"]
+    assert vs_trl.parse_sets(sets) == {"train.clip_nonprivate": False,
+                                       "train.loss_type": "dr_grpo"}
+
+
+def test_a_set_without_a_key_is_refused():
+    import pytest
+
+    for bad in ("train.beta", "=3"):
+        with pytest.raises(SystemExit, match="KEY=VALUE"):
+            vs_trl.parse_sets([bad])
+
+
+def test_the_interval_over_runs_counts_the_spread_between_runs():
+    # two runs that disagree completely: each run's interval over problems has no width, the
+    # interval over runs and problems spans both
+    runs = [[True] * 50, [False] * 50]
+    assert vs_trl.bootstrap(runs[0])["ci95"] == [1.0, 1.0]
+    over = vs_trl.bootstrap_runs(runs, draws=2000)
+    assert over["mean"] == 0.5
+    assert over["ci95"][0] == 0.0 and over["ci95"][1] == 1.0
+    # runs that agree: the interval is the problems' alone
+    same = [[i % 4 != 0 for i in range(200)]] * 3
+    a, b = vs_trl.bootstrap_runs(same, draws=2000)["ci95"], vs_trl.bootstrap(same[0])["ci95"]
+    assert abs(a[0] - b[0]) < 0.03 and abs(a[1] - b[1]) < 0.03
+
+
+def test_over_runs_reports_each_run_and_the_difference_to_trl():
+    repeats = [{"trl": {"correct": [True] * 8 + [False] * 2},
+                "non-private": {"correct": [True] * 6 + [False] * 4}},
+               {"trl": {"correct": [True] * 10},
+                "non-private": {"correct": [True] * 8 + [False] * 2}}]
+    out = vs_trl.over_runs(repeats)
+    assert out["trl"]["accuracy_per_run"] == [0.8, 1.0]
+    assert out["non-private"]["accuracy_mean"] == 0.7
+    assert round(out["non-private"]["accuracy_minus_trl"]["mean"], 9) == -0.2
+    assert "accuracy_minus_trl" not in out["trl"]
