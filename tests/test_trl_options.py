@@ -42,6 +42,7 @@ def test_a_grpo_config_object_maps_onto_the_run_config():
     assert (t.temperature, t.top_p, t.repetition_penalty, t.learning_rate, t.rounds) == \
         (0.7, 0.95, 1.05, 1e-2, 12)
     assert t.mask_truncated_completions and t.checkpoint_every == 6
+    assert t.tempered_logprobs and t.logprob_temperature == 0.7   # TRL's loss divides by T
     assert p.expected_batch == 8.0                                      # 48 completions / G 6
     notes = " | ".join(settings.notes)
     assert "epsilon=0.2 accepted, without effect" in notes and "epsilon_high=0.28" in notes

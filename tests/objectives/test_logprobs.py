@@ -99,6 +99,30 @@ def test_softcap_and_bias_gradients_fp64():
     torch.testing.assert_close(grad, grad_ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_tempered_values_and_gradients_fp64(softcap):
+    """temperature T: log softmax(z / T), z after the cap, values and gradients to 1e-12; the
+    same tokens at T 1 differ (the check has power)."""
+    gen = torch.Generator().manual_seed(4)
+    hidden = torch.randn(9, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 6, generator=gen, dtype=torch.float64)
+    targets = torch.randint(0, 50, (9,), generator=gen)
+    up = torch.randn(9, generator=gen, dtype=torch.float64)
+    z = hidden @ weight.T
+    if softcap:
+        z = softcap * torch.tanh(z / softcap)
+    ref = torch.log_softmax(z / 0.7, -1).gather(-1, targets[:, None]).squeeze(-1)
+    (grad_ref,) = torch.autograd.grad((ref * up).sum(), hidden)
+    out = chosen_logprobs(hidden, weight, targets, softcap=softcap, chunk=4, temperature=0.7)
+    (grad,) = torch.autograd.grad((out * up).sum(), hidden)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, grad_ref, rtol=1e-12, atol=1e-12)
+    plain = chosen_logprobs(hidden, weight, targets, softcap=softcap, chunk=4)
+    assert float((plain - out).abs().max()) > 1e-3
+    with pytest.raises(ConfigError, match="temperature must be > 0"):
+        chosen_logprobs(hidden, weight, targets, temperature=0.0)
+
+
 def test_trainable_head_is_refused():
     weight = torch.zeros(5, 3, requires_grad=True)
     with pytest.raises(ConfigError, match="frozen lm_head"):

@@ -243,3 +243,56 @@ def test_the_arm_uses_the_options(tok):
     capped = synthetic_rollouts(tok, 2, 3).hit_cap
     assert capped.any() and (batch.loss_mask.sum(1)[capped] == 0).all()
     assert (batch.loss_mask.sum(1)[~capped] > 0).all()
+
+
+def test_tempered_logprobs_reach_the_objective_and_the_reference(fresh, tok):
+    """train.tempered_logprobs: Eq. (7) and Eq. (3) on softmax(logits / train.temperature), the
+    policy's and the reference's log-probs alike (a fresh adapter then has zero KL, which a
+    reference left at temperature 1 would not)."""
+    from types import SimpleNamespace
+
+    from dpgrpo.config import embedded_default
+    from dpgrpo.objectives.logprobs import token_logprobs
+    from dpgrpo.training.arms import make_arm
+
+    specs = _specs([[2, 4, 6], [3, 3, 1]], tok)
+
+    class Engine:
+        def generate(self, messages, *, group_size, **kw):
+            batch = rollouts_from_specs(tok, specs)
+            batch.texts = [["1", "0", "0"], ["1", "1", "0"]]
+            return batch
+
+    class Task:
+        default_max_new_tokens = 8
+
+        def prompt(self, problem):
+            return specs[problem][0]
+
+        def reward(self, text, problem):
+            return float(text)
+
+    base = ["train.group_size=3", "train.beta=0.1", "train.max_new_tokens=none",
+            "train.temperature=0.5"]
+    for tempered, want in ((True, 0.5), (False, 1.0)):
+        cfg = apply_overrides(embedded_default(), [*base, f"train.tempered_logprobs={tempered}"])
+        assert cfg.train.logprob_temperature == want
+        arm = make_arm(cfg, SimpleNamespace(model=fresh, tokenizer=tok), Task())
+        assert arm.objective.temperature == want
+        arm._engine = Engine()
+        batch, _ = arm.batch([(Task(), 0), (Task(), 1)], torch.Generator().manual_seed(0))
+        rollouts = rollouts_from_specs(tok, specs)
+        ids, attn, mask = rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask
+        with torch.no_grad():
+            at_t = token_logprobs(fresh, ids, attn, mask=mask, temperature=want)
+            at_1 = token_logprobs(fresh, ids, attn, mask=mask)
+        torch.testing.assert_close(batch.ref_logprobs, at_t, rtol=0, atol=1e-12)
+        assert (float((batch.ref_logprobs - at_1).abs().max()) > 1e-3) == tempered
+        zero = TrainBatch(batch.input_ids, batch.attention_mask, batch.loss_mask,
+                          batch.row_weights, 2, 3, torch.zeros_like(batch.advantages),
+                          batch.ref_logprobs)
+        kl = arm.objective.row_losses(fresh, zero, slice(0, 6))          # beta K only
+        assert float(kl.abs().max()) < 1e-12
+        if tempered:                                                     # mismatched T: K > 0
+            other = GRPOObjective(beta=0.1, temperature=1.0)
+            assert float(other.row_losses(fresh, zero, slice(0, 6)).min()) > 1e-6

@@ -221,6 +221,10 @@ class TrainConfig:
     # (SCALE_REWARDS); Dr. GRPO is loss_type = "dr_grpo" with scale_rewards = "none".
     loss_type: str = "grpo"
     scale_rewards: str = "group"  # "group" (divide by the group's std) or "none"
+    # Eq. (7)'s log-probs and Eq. (3)'s KL on the tempered policy softmax(logits / temperature),
+    # the distribution the completions were sampled from: an on-policy gradient, as TRL and
+    # verl compute it. False: the model's own distribution (temperature 1).
+    tempered_logprobs: bool = False
     # Leave completions that hit the cap (no EOS) out of the loss (DAPO's overlong masking):
     # a per-row rule on the prompt's own rollouts; their rewards still enter the group's mean.
     mask_truncated_completions: bool = False
@@ -261,6 +265,11 @@ class TrainConfig:
     # side channel outside the guarantee; default: private, in recovery/telemetry.jsonl. A
     # releasable run refuses them with "wandb" (off the machine).
     public_timings: bool = False
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the policy in the GRPO loss (``tempered_logprobs``)."""
+        return self.temperature if self.tempered_logprobs else 1.0
 
     def pass_rows(self, cap: int) -> int:
         """Rows per training/reference pass for completion cap ``cap`` (public values only):

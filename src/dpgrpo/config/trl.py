@@ -159,6 +159,13 @@ def _batch(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> N
                  "Poisson sampling (q = m / n), on one process")
 
 
+def _temperature(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+    """TRL divides the logits by its sampling temperature in the loss as well (the policy in
+    the loss is the one the completions came from): train.tempered_logprobs does the same."""
+    out["train.temperature"] = value
+    out["train.tempered_logprobs"] = True
+
+
 def _reward_weights(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
     out["reward_weights"] = None if value is None else tuple(float(w) for w in value)
 
@@ -189,7 +196,7 @@ OPTIONS: dict[str, Handler] = {
     "num_generations": _to("train.group_size"),
     "max_completion_length": _to("train.max_new_tokens"),
     "beta": _to("train.beta"),
-    "temperature": _to("train.temperature"),
+    "temperature": _temperature,
     "top_p": _to("train.top_p"),
     "repetition_penalty": _to("train.repetition_penalty"),
     "top_k": _off(None, 0, -1, reason=SAMPLER),

@@ -94,16 +94,18 @@ def row_weights_uniform(num_prompts: int, rows_per_prompt: int,
                       dtype=dtype)
 
 
-def window_logprobs(model: torch.nn.Module, batch: TrainBatch, rows: slice
+def window_logprobs(model: torch.nn.Module, batch: TrainBatch, rows: slice, *,
+                    temperature: float = 1.0
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(log-probs, loss mask, reference log-probs) of ``rows`` on their own columns
-    (:meth:`TrainBatch.window`), the prompt of each prompt's rows run once for all of them."""
+    (:meth:`TrainBatch.window`), the prompt of each prompt's rows run once for all of them;
+    ``temperature``: of the tempered policy (:func:`~dpgrpo.objectives.logprobs.token_logprobs`)."""
     from dpgrpo.objectives.logprobs import token_logprobs
 
     ids, attn, mask, ref = batch.window(rows)                                 # (n, W)
     share = min(ids.shape[0], batch.rows_per_prompt)
-    return (token_logprobs(model, ids, attn, mask=mask, group_size=share, trunk=batch.trunk),
-            mask, ref)
+    return (token_logprobs(model, ids, attn, mask=mask, group_size=share, trunk=batch.trunk,
+                           temperature=temperature), mask, ref)
 
 
 def masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -106,17 +106,26 @@ class GRPOObjective:
     * ``"prompt_token_mean"``: N = the mean length of the prompt's own G completions, so the
       prompt's loss is its token sum over the tokens of its G completions: DAPO's token-level
       mean (Yu et al. 2025, "DAPO", Sec. 3.3) counted over ONE prompt, never the batch.
+
+    ``temperature`` T: u_k are log-probs of the tempered policy softmax(logits / T). With T the
+    sampling temperature, the policy in Eq. (7) is the one the completions were drawn from, so
+    the gradient is on-policy (TRL and verl divide the logits by it too); the reference
+    log-probs of Eq. (3) must then be taken at the same T (:func:`reference_logprobs`).
+    ``train.tempered_logprobs`` chooses it.
     """
 
     beta: float = 0.04
     loss_type: str = "grpo"
     max_completion_length: int | None = None  # dr_grpo's constant: the public completion cap
+    temperature: float = 1.0  # of the policy whose log-probs enter Eq. (7) and Eq. (3)
 
     def __post_init__(self) -> None:
         if not self.beta >= 0.0:
             raise ConfigError(f"beta must be >= 0, got {self.beta!r}")
         if self.loss_type not in LOSS_TYPES:
             refuse("loss_type", self.loss_type, LOSS_TYPES)
+        if not self.temperature > 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature!r}")
         if self.loss_type == "dr_grpo" and not (self.max_completion_length or 0) >= 1:
             raise ConfigError("loss_type 'dr_grpo' divides by the completion cap: give "
                               f"max_completion_length >= 1, got {self.max_completion_length!r}")
@@ -132,7 +141,8 @@ class GRPOObjective:
             raise ValueError("GRPOObjective needs batch.advantages (see build_grpo_batch)")
         if self.beta > 0 and batch.ref_logprobs is None:
             raise ValueError("GRPOObjective with beta > 0 needs batch.ref_logprobs")
-        logp, mask, ref = window_logprobs(model, batch, rows)                 # (n, W)
+        logp, mask, ref = window_logprobs(model, batch, rows,
+                                          temperature=self.temperature)       # (n, W)
         mask = mask.to(logp.dtype)
         adv = batch.advantages.reshape(-1)[rows].to(logp.dtype).unsqueeze(1)  # (n, 1)
         gain = torch.exp(logp - logp.detach()) * adv                          # (n, W)
@@ -180,7 +190,7 @@ def prompt_row_chunks(num_rows: int, rows_per_prompt: int,
 
 def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
                        batch_size: int | None = None,
-                       trunk: Trunk | None = None) -> torch.Tensor:
+                       trunk: Trunk | None = None, temperature: float = 1.0) -> torch.Tensor:
     """Reference-policy token log-probs (no grad): (B*G, L), Eq. (3)'s pi_ref, the policy of
     :func:`dpgrpo.model_adapters.reference_policy` (the run's start: the base, or a public
     warm start).
@@ -189,6 +199,8 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
     of ONE prompt on that prompt's own columns, so a prompt's reference log-probs are the same
     bits whichever prompts share its round (record isolation, A2). ``trunk``: each window's
     frozen-layer states are recorded into it, for the gradient pass (:mod:`.trunk`).
+    ``temperature``: of the tempered reference policy, the objective's own (Eq. 3 compares the
+    two policies at one temperature).
     """
     ids, attn, mask, per_prompt = _layout(rollouts)
     dtype = torch.promote_types(next(policy_model.parameters()).dtype, torch.float32)
@@ -203,7 +215,7 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
             out[rows, cols] = token_logprobs(policy_model, ids[rows, cols], attn[rows, cols],
                                              mask=mask[rows, cols],
                                              group_size=rows.stop - rows.start,
-                                             trunk=trunk).to(dtype)
+                                             trunk=trunk, temperature=temperature).to(dtype)
     return out
 
 

@@ -12,7 +12,9 @@ row scaling and nothing of size ``chunk x V`` outlives its chunk: memory is
 ``O(chunk x V + K x H)`` for K scored tokens, not ``O(N x L x V)``.
 
 The head may be tied to the input embedding; it is frozen (LoRA adapts the projections only).
-Gemma-style final logit soft-capping is honoured. Logits are formed in the head's dtype and
+Gemma-style final logit soft-capping is honoured, and a ``temperature`` T scores the tempered
+policy (logits / T after any cap), the distribution completions sampled at T were drawn from.
+Logits are formed in the head's dtype and
 upcast to fp32 (fp64 for fp64 models) exactly as ``model(...).logits.float()`` would be, so the
 values equal the unfused computation up to the order of the vocabulary reduction.
 
@@ -50,11 +52,12 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class _ChosenLogProb(torch.autograd.Function):
-    """log_softmax(head(h))[target] over chunks of rows; gradient with respect to ``h`` only."""
+    """log_softmax(head(h) / T)[target] over chunks of rows; gradient with respect to ``h``."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, chunk: int, softcap: float | None) -> torch.Tensor:
+                targets: torch.Tensor, chunk: int, softcap: float | None,
+                temperature: float) -> torch.Tensor:
         k = hidden.shape[0]
         out = torch.empty(k, dtype=_compute_dtype(hidden.dtype), device=hidden.device)
         need_grad = ctx.needs_input_grad[0]
@@ -62,6 +65,8 @@ class _ChosenLogProb(torch.autograd.Function):
         for s in range(0, k, chunk):
             h, tgt = hidden[s:s + chunk], targets[s:s + chunk]
             z, t = _chunk_logits(h, weight, bias, softcap)                    # (k, V)
+            if temperature != 1.0:
+                z.div_(temperature)                                           # tempered policy
             lse = torch.logsumexp(z, dim=-1)                                  # (k,)
             out[s:s + chunk] = z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
             if jac is not None:                                               # need_grad
@@ -69,6 +74,8 @@ class _ChosenLogProb(torch.autograd.Function):
                 dz.scatter_add_(-1, tgt.unsqueeze(-1), torch.ones_like(lse).unsqueeze(-1))
                 if t is not None:
                     dz.mul_(1.0 - t * t)                                      # d cap*tanh(z/cap)
+                if temperature != 1.0:
+                    dz.div_(temperature)                                      # d (z / T)
                 jac[s:s + chunk] = dz.to(weight.dtype) @ weight               # (k, H)
             del z, t
         if need_grad:
@@ -79,13 +86,13 @@ class _ChosenLogProb(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         (jac,) = ctx.saved_tensors
         grad_h = jac * grad_out.to(jac.dtype).unsqueeze(-1)                   # (K, H)
-        return grad_h, None, None, None, None, None
+        return grad_h, None, None, None, None, None, None
 
 
 def chosen_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                     bias: torch.Tensor | None = None, softcap: float | None = None,
-                    chunk: int | None = None) -> torch.Tensor:
-    """``log softmax(hidden @ weight.T + bias)[targets]`` for (K, H) hidden states -> (K,).
+                    chunk: int | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """``log softmax((hidden @ weight.T + bias) / temperature)[targets]``, (K, H) -> (K,).
 
     ``chunk`` rows of logits exist at a time (default: :data:`DEFAULT_LOGIT_ELEMENTS` / V).
     Differentiable with respect to ``hidden``; the head (``weight``, ``bias``) must be frozen.
@@ -93,8 +100,10 @@ def chosen_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     if weight.requires_grad or (bias is not None and bias.requires_grad):
         raise ConfigError("chunked log-probs need a frozen lm_head; adapting lm_head is not "
                           "supported (remove it from model.target_modules)")
+    if not temperature > 0:
+        raise ConfigError(f"log-prob temperature must be > 0, got {temperature!r}")
     size = chunk or max(1, DEFAULT_LOGIT_ELEMENTS // weight.shape[0])
-    return _ChosenLogProb.apply(hidden, weight, bias, targets, size, softcap)
+    return _ChosenLogProb.apply(hidden, weight, bias, targets, size, softcap, float(temperature))
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -194,7 +203,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor, *, first: int = 1,
                    mask: torch.Tensor | None = None,
                    chunk: int | None = None, group_size: int | None = None,
-                   trunk: Trunk | None = None) -> torch.Tensor:
+                   trunk: Trunk | None = None, temperature: float = 1.0) -> torch.Tensor:
     """log pi(token_k | prefix) at scored positions, zeros elsewhere; (N, L) -> (N, L).
 
     A position k is scored if k >= ``first`` and, when ``mask`` (N, L) is given, ``mask[:, k]``
@@ -205,6 +214,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
     (identical up to the first scored column), that prompt runs once for its G rows, which
     gives the same values up to float rounding. ``trunk``: the frozen layers' states of this
     window are recorded into it (while it is recording) or replayed from it (:mod:`.trunk`).
+    ``temperature`` T: log-probs of the tempered policy softmax(logits / T), the distribution a
+    sampler at temperature T draws from (1: the model's own).
     """
     n, length = input_ids.shape
     decoder, head, softcap = decoder_and_head(model)
@@ -224,7 +235,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
     picked = states[want[:, start:]]                                          # (K, H)
     targets = input_ids[:, start:][want[:, start:]]                           # (K,)
     logp = chosen_logprobs(picked, weight, targets, bias=getattr(head, "bias", None),
-                           softcap=softcap, chunk=chunk)                      # (K,)
+                           softcap=softcap, chunk=chunk, temperature=temperature)  # (K,)
     return out.masked_scatter(want, logp.to(out_dtype))
 
 

@@ -36,7 +36,8 @@ from dpgrpo.training.metrics import Laps
 #: objective name of the arm table -> the objective, from the train table and the public cap
 OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
     "grpo": lambda train, cap: GRPOObjective(beta=train.beta, loss_type=train.loss_type,
-                                             max_completion_length=cap),
+                                             max_completion_length=cap,
+                                             temperature=train.logprob_temperature),
     "sft": lambda train, cap: SFTObjective(),
 }
 
@@ -91,8 +92,8 @@ class Arm:
         adv = compute_advantages(rewards, mode, generator=generator, coins=shuffle,
                                  scale=self.train.scale_rewards == "group")
         trunk = self._trunk()
-        ref = (reference_logprobs(self.model, rollouts,
-                                  batch_size=self.train.pass_rows(self.cap), trunk=trunk)
+        ref = (reference_logprobs(self.model, rollouts, batch_size=self.train.pass_rows(self.cap),
+                                  trunk=trunk, temperature=self.train.logprob_temperature)
                if self.train.beta > 0 else None)
         self.laps.mark("reference")
         return build_grpo_batch(rollouts, rewards, adv, ref, trunk=trunk,
