@@ -218,6 +218,100 @@ def child(arm: str, model_dir: Path, work: Path, rounds: int, limit: int, *,
     _say("result", out)
 
 
+# --- the gradient check: the same batch through TRL's loss and dpgrpo's --------------------
+
+def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0) -> dict:
+    """dpgrpo's non-private gradient (unclipped per-prompt gradients, summed, over B) against
+    the gradient of TRL's own GRPO loss on the same batch: B prompts x G sampled completions,
+    fixed rewards, an adapter moved off its fresh state so the KL term has a gradient, dropout
+    off. Reported for dpgrpo's log-probs on the tempered policy (``train.tempered_logprobs``,
+    as TRL computes them) and on the model's own distribution: the relative difference
+    |g_trl - g_dpgrpo| / |g_trl| and the cosine. Calls TRL's ``_compute_loss`` and
+    ``_get_per_token_logps_and_entropies`` (private methods; written against TRL 1.16).
+    """
+    import torch
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.utils import use_adapter
+
+    from dpgrpo.objectives.grpo import (
+        GRPOObjective,
+        build_grpo_batch,
+        group_advantages,
+        reference_logprobs,
+    )
+    from dpgrpo.tasks import get_task
+    from dpgrpo.training.grads import per_prompt_grads
+    from dpgrpo.verify.fixtures import rollouts_from_specs
+
+    opts, g, temperature = dict(TRL_OPTIONS), int(TRL_OPTIONS["num_generations"]), \
+        float(TRL_OPTIONS["temperature"])
+    opts["per_device_train_batch_size"] = prompts * g
+    task = get_task("arithmetic")
+    problems = task.load_split("train").problems[:prompts]
+    dataset, _ = dataset_and_reward()
+    layers = _num_layers(model_dir)
+    lora = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
+                      target_modules=list(LORA["modules"]), task_type="CAUSAL_LM",
+                      layers_to_transform=list(range(layers - LORA["last_layers"], layers)))
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **_: [0.0] *
+                          len(completions), train_dataset=dataset, peft_config=lora,
+                          args=GRPOConfig(output_dir=str(work / "trl-check"), max_steps=1,
+                                          use_cpu=True, bf16=False, fp16=False,
+                                          report_to="none", **opts))
+    model, tok = trainer.model, trainer.processing_class
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():                         # off the fresh adapter: policy != reference
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+    model.eval()
+    torch.manual_seed(seed)
+    specs = []
+    for p in problems:                            # G completions of each prompt, sampled at T
+        enc = tok.apply_chat_template([{"role": "user", "content": task.prompt(p)}],
+                                      add_generation_prompt=True, return_tensors="pt",
+                                      return_dict=True)
+        out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0,
+                             max_new_tokens=int(opts["max_completion_length"]),
+                             num_return_sequences=g, pad_token_id=tok.pad_token_id)
+        rows = [r[:r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r
+                for r in out[:, enc["input_ids"].shape[1]:].tolist()]
+        specs.append((task.prompt(p), rows))
+    rollouts = rollouts_from_specs(tok, specs)
+    rewards = (torch.rand(prompts, g, generator=gen) < 0.5).float()
+    rewards[:, 0], rewards[:, 1] = 1.0, 0.0       # every group mixed
+    adv = group_advantages(rewards)
+    ids, attn, mask = rollouts.input_ids, rollouts.attention_mask, rollouts.completion_mask
+    first = int((mask.sum(0) > 0).nonzero()[0])   # the first completion column
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad(), use_adapter(model, adapter_name=None):
+        ref, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attn,
+                                                               ids.shape[1] - first)
+    trainer.current_gradient_accumulation_steps = 1
+    model.zero_grad()
+    trainer._compute_loss(model, {
+        "prompt_ids": ids[:, :first], "prompt_mask": attn[:, :first],
+        "completion_ids": ids[:, first:], "completion_mask": mask[:, first:].long(),
+        "advantages": adv.reshape(-1), "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum()}).backward()
+    trl_grad = torch.cat([params[n].grad.reshape(-1) for n in sorted(params)])
+    report: dict[str, object] = {"prompts": prompts, "completions": prompts * g,
+                                 "completion_tokens": int(mask.sum()),
+                                 "trl_grad_norm": float(trl_grad.norm())}
+    for tempered in (True, False):
+        t = temperature if tempered else 1.0
+        batch = build_grpo_batch(rollouts, rewards, adv,
+                                 reference_logprobs(model, rollouts, temperature=t))
+        grads = per_prompt_grads(model, GRPOObjective(beta=float(opts["beta"]), temperature=t),
+                                 batch, method="reference")
+        mine = torch.cat([grads[n].sum(0).reshape(-1) / prompts for n in sorted(params)])
+        report[f"tempered_logprobs={str(tempered).lower()}"] = {
+            "relative_difference": float((mine - trl_grad).norm() / trl_grad.norm()),
+            "cosine": float(torch.nn.functional.cosine_similarity(mine, trl_grad, dim=0))}
+    return report
+
+
 # --- the parent: start the arms, pass the baton, summarize --------------------------------
 
 def _read(proc: subprocess.Popen, arm: str) -> tuple[str, object]:
@@ -383,6 +477,8 @@ def main() -> None:
                         help="GRPOConfig's seed (repeat k uses seed + k)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         dest="sets", help="a dpgrpo override for the dpgrpo arms (repeatable)")
+    parser.add_argument("--check-gradient", action="store_true",
+                        help="only compare one batch's gradient with TRL's (gradient_check)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -392,6 +488,10 @@ def main() -> None:
     if args.child:
         child(args.child, args.model_dir, work, args.rounds, args.eval,
               trl_seed=args.trl_seed, extra=extra)
+        return
+    if args.check_gradient:
+        model_dir = export_model(args.model_dir or work / "smollm2-135m-hf")
+        print(json.dumps(gradient_check(model_dir, work), indent=None if args.json else 2))
         return
     if args.repeats < 1:
         raise SystemExit("bench/vs_trl.py: --repeats must be >= 1")
