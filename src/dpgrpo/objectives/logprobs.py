@@ -14,9 +14,9 @@ row scaling and nothing of size ``chunk x V`` outlives its chunk: memory is
 The head may be tied to the input embedding; it is frozen (LoRA adapts the projections only).
 Gemma-style final logit soft-capping is honoured, and a ``temperature`` T scores the tempered
 policy (logits / T after any cap), the distribution completions sampled at T were drawn from.
-Logits are formed in the head's dtype and
-upcast to fp32 (fp64 for fp64 models) exactly as ``model(...).logits.float()`` would be, so the
-values equal the unfused computation up to the order of the vocabulary reduction.
+Logits are formed in the head's dtype and upcast to fp32 (fp64 for fp64 models) exactly as
+``model(...).logits.float()`` would be, so the values equal the unfused computation up to the
+order of the vocabulary reduction.
 
 The G completions of one prompt share its tokens: given ``group_size``, the prompt runs once and
 its key/value cache is extended by each completion, as decoding does (the reference pass and
