@@ -23,8 +23,12 @@ The workload is issue 30's:
 * **One source of settings.** :data:`TRL_OPTIONS` builds the ``GRPOConfig``, and dpgrpo reads the
   same dict through ``dpgrpo.from_trl_config``.
 * **Arms.** ``trl``, and dpgrpo's ``non-private`` and ``dp-grpo`` (epsilon 8, n = 1,000).
-  dpgrpo's batch is Poisson with 8 prompts expected, TRL's exactly 8. Clipping differs by
-  design: TRL clips the global norm at 1.0, dpgrpo clips each prompt at C.
+  dpgrpo's batch is Poisson with 8 prompts expected, TRL's exactly 8. ``from_trl_config``
+  sets ``train.tempered_logprobs`` (TRL's loss divides the logits by the temperature), so on
+  one batch dpgrpo's unclipped gradient is TRL's (``--check-gradient``). TRL clips no prompt
+  (only the global norm, at 1.0), so the non-private arm runs unclipped too
+  (``train.clip_nonprivate = false``; ``--set train.clip_nonprivate=true`` gives dpgrpo's
+  default, which clips each prompt at C like DP-GRPO). DP-GRPO clips each prompt at C.
 
 Each arm runs in its own process. The processes take turns step by step (a baton on their
 stdin and stdout), so load on the machine reaches every arm alike. Model loading happens before
@@ -191,7 +195,9 @@ def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int,
                  "model.lora_dropout": LORA["dropout"], "model.target_modules": LORA["modules"],
                  "model.lora_layers": list(range(-LORA["last_layers"], 0)),
                  "train.metrics": "jsonl", "train.public_timings": True,
-                 "train.checkpoint_every": rounds, "privacy.epsilon": 8, **(extra or {})}
+                 "train.checkpoint_every": rounds, "privacy.epsilon": 8,
+                 "train.clip_nonprivate": False,       # as TRL: no per-prompt clip
+                 **(extra or {})}
     settings = dpgrpo.from_trl_config({**TRL_OPTIONS, "max_steps": rounds}, overrides=overrides)
     run = work / arm
     _turn()                                       # round 1 waits for the first baton
