@@ -26,9 +26,10 @@ The workload is issue 30's:
   dpgrpo's batch is Poisson with 8 prompts expected, TRL's exactly 8. ``from_trl_config``
   sets ``train.tempered_logprobs`` (TRL's loss divides the logits by the temperature), so on
   one batch dpgrpo's unclipped gradient is TRL's (``--check-gradient``). TRL clips no prompt
-  (only the global norm, at 1.0), so the non-private arm runs unclipped too
-  (``train.clip_nonprivate = false``; ``--set train.clip_nonprivate=true`` gives dpgrpo's
-  default, which clips each prompt at C like DP-GRPO). DP-GRPO clips each prompt at C.
+  (only the norm of the batch's mean, at ``max_grad_norm`` 1.0), and from_trl_config maps that
+  to a non-private arm that clips no prompt either (``train.clip_nonprivate = false``;
+  ``--set train.clip_nonprivate=true`` gives dpgrpo's own default, which clips each prompt at
+  C like DP-GRPO). DP-GRPO clips each prompt at C.
 
 Each arm runs in its own process. The processes take turns step by step (a baton on their
 stdin and stdout), so load on the machine reaches every arm alike. Model loading happens before
@@ -74,7 +75,8 @@ ARMS = ("trl", "non-private", "dp-grpo")
 #: the TRL options both libraries read (dpgrpo through from_trl_config)
 TRL_OPTIONS = dict(num_generations=6, max_completion_length=48, per_device_train_batch_size=48,
                    gradient_accumulation_steps=1, learning_rate=1e-2, beta=0.04,
-                   temperature=0.7, loss_type="grpo", scale_rewards="group", num_iterations=1)
+                   temperature=0.7, loss_type="grpo", scale_rewards="group", num_iterations=1,
+                   max_grad_norm=1.0)
 LORA = dict(rank=1, alpha=2.0, dropout=0.05, modules=("o_proj", "down_proj"), last_layers=6)
 
 
@@ -195,9 +197,7 @@ def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int,
                  "model.lora_dropout": LORA["dropout"], "model.target_modules": LORA["modules"],
                  "model.lora_layers": list(range(-LORA["last_layers"], 0)),
                  "train.metrics": "jsonl", "train.public_timings": True,
-                 "train.checkpoint_every": rounds, "privacy.epsilon": 8,
-                 "train.clip_nonprivate": False,       # as TRL: no per-prompt clip
-                 **(extra or {})}
+                 "train.checkpoint_every": rounds, "privacy.epsilon": 8, **(extra or {})}
     settings = dpgrpo.from_trl_config({**TRL_OPTIONS, "max_steps": rounds}, overrides=overrides)
     run = work / arm
     _turn()                                       # round 1 waits for the first baton

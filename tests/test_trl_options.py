@@ -19,7 +19,8 @@ TRL_DEFAULTS = dict(
     scale_rewards="group", loss_type="dapo", epsilon=0.2, epsilon_high=None, delta=None,
     num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1,
     mask_truncated_completions=False, log_completions=False, max_steps=-1,
-    per_device_train_batch_size=8, use_vllm=False, seed=42, output_dir="trainer_output")
+    per_device_train_batch_size=8, use_vllm=False, seed=42, max_grad_norm=1.0,
+    output_dir="trainer_output")
 
 
 def grpo_config(**changes):
@@ -43,6 +44,9 @@ def test_a_grpo_config_object_maps_onto_the_run_config():
         (0.7, 0.95, 1.05, 1e-2, 12)
     assert t.mask_truncated_completions and t.checkpoint_every == 6
     assert t.tempered_logprobs and t.logprob_temperature == 0.7   # TRL's loss divides by T
+    assert not t.clip_nonprivate                  # TRL clips no prompt, only the batch's mean
+    assert "max_grad_norm=1.0: TRL clips the norm of the batch's mean gradient" in \
+        " | ".join(settings.notes)
     assert p.expected_batch == 8.0                                      # 48 completions / G 6
     notes = " | ".join(settings.notes)
     assert "epsilon=0.2 accepted, without effect" in notes and "epsilon_high=0.28" in notes

@@ -166,6 +166,17 @@ def _temperature(name: str, value: Any, found: Found, out: Out, notes: list[str]
     out["train.tempered_logprobs"] = True
 
 
+def _global_clip(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+    """TRL clips no prompt's gradient, only the norm of the batch's mean (a statistic of every
+    prompt, which DP cannot use): the non-private arm then clips no prompt either."""
+    out["train.clip_nonprivate"] = False
+    notes.append(f"max_grad_norm={value!r}: TRL clips the norm of the batch's mean gradient, a "
+                 "statistic of every sampled prompt; dpgrpo clips each prompt's gradient at "
+                 "privacy.clip_norm in the private arms (the mechanism) and, like TRL, no "
+                 "prompt's in the non-private arm (train.clip_nonprivate = false); the global "
+                 "clip itself is not applied")
+
+
 def _reward_weights(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
     out["reward_weights"] = None if value is None else tuple(float(w) for w in value)
 
@@ -202,6 +213,7 @@ OPTIONS: dict[str, Handler] = {
     "top_k": _off(None, 0, -1, reason=SAMPLER),
     "min_p": _off(None, 0, 0.0, reason=SAMPLER),
     "learning_rate": _to("train.learning_rate"),
+    "max_grad_norm": _global_clip,
     "reward_weights": _reward_weights,
     "scale_rewards": _scale_rewards,
     "loss_type": _loss_type,
