@@ -159,7 +159,8 @@ class _BatchTokenMean(GRPOObjective):
 
 
 @pytest.mark.parametrize("method", ["fast", "reference"])
-@pytest.mark.parametrize("obj", VARIANTS, ids=lambda o: o.loss_type)
+@pytest.mark.parametrize("obj", [*VARIANTS, GRPOObjective(beta=0.1, temperature=0.7)],
+                         ids=lambda o: f"{o.loss_type}-T{o.temperature:g}")
 def test_batchmates_leave_other_prompts_bit_identical(policy32, tok, obj, method):
     """As tests/test_grads.py's check, for each variant with mask_truncated and no std: a much
     longer batch-mate changes no other prompt's gradient by one bit (fp32)."""
