@@ -137,18 +137,24 @@ def _num_layers(model_dir: Path) -> int:
     return int(json.loads((model_dir / "config.json").read_text())["num_hidden_layers"])
 
 
+def trl_lora(model_dir: Path, dropout: float):
+    """The LoRA of :data:`LORA` as TRL's ``peft_config``, on the last layers of ``model_dir``."""
+    from peft import LoraConfig
+
+    layers = _num_layers(model_dir)
+    return LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=dropout,
+                      target_modules=list(LORA["modules"]), task_type="CAUSAL_LM",
+                      layers_to_transform=list(range(layers - LORA["last_layers"], layers)))
+
+
 # --- the arms (each in a child process) -------------------------------------------------------
 
 def run_trl(model_dir: Path, work: Path, rounds: int, seed: int = 42) -> dict:
-    from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     dataset, reward = dataset_and_reward()
-    layers = _num_layers(model_dir)
-    lora = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                      target_modules=list(LORA["modules"]), task_type="CAUSAL_LM",
-                      layers_to_transform=list(range(layers - LORA["last_layers"], layers)))
+    lora = trl_lora(model_dir, LORA["dropout"])
     args = GRPOConfig(output_dir=str(work / "trl"), max_steps=rounds, use_cpu=True, bf16=False,
                       fp16=False, gradient_checkpointing=False, lr_scheduler_type="constant",
                       logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
@@ -236,7 +242,6 @@ def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0)
     ``_get_per_token_logps_and_entropies`` (private methods; written against TRL 1.16).
     """
     import torch
-    from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import use_adapter
 
@@ -256,10 +261,7 @@ def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0)
     task = get_task("arithmetic")
     problems = task.load_split("train").problems[:prompts]
     dataset, _ = dataset_and_reward()
-    layers = _num_layers(model_dir)
-    lora = LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], lora_dropout=0.0,
-                      target_modules=list(LORA["modules"]), task_type="CAUSAL_LM",
-                      layers_to_transform=list(range(layers - LORA["last_layers"], layers)))
+    lora = trl_lora(model_dir, dropout=0.0)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=lambda completions, **_: [0.0] *
                           len(completions), train_dataset=dataset, peft_config=lora,
                           args=GRPOConfig(output_dir=str(work / "trl-check"), max_steps=1,
