@@ -119,6 +119,46 @@ def test_first_token_follows_the_tempered_distribution(policy):
     assert counts[top[0]] < 200                             # not greedy (p = 0.11)
 
 
+def _pair_fit(ro, probs_of, pairs, n):
+    """Chi-square p-value of the (first, second) completion tokens of ``ro`` against the exact
+    probabilities ``probs_of`` of ``pairs`` (the rest merged into one bin)."""
+    from scipy.stats import chisquare
+
+    first = int((ro.completion_mask.sum(0) > 0).nonzero()[0])
+    drawn = [tuple(r) for r in ro.input_ids[:, first:first + 2].tolist()]
+    observed = [sum(d == p for d in drawn) for p in pairs]
+    expected = [probs_of[p] * n for p in pairs]
+    observed.append(n - sum(observed))
+    expected.append(n - sum(expected))
+    assert min(expected) >= 15
+    return chisquare(observed, expected).pvalue
+
+
+def test_two_token_completions_follow_the_model_as_multinomial_sampling_does(policy):
+    """1,200 two-token completions of one prompt, by the engine's coins and by
+    ``model.generate`` (torch.multinomial): both fit the exact joint softmax(logits / T) of the
+    likeliest pairs, p(x1) p(x2 | x1) from clean forward passes, so the second step reads the
+    cache, positions and a fresh coin as a single forward pass would."""
+    model, tok = policy
+    n, t = 1200, 0.04
+    kw = dict(group_size=n, temperature=t, max_new_tokens=2)
+    ours = generate(model, tok, MSGS[:1], seeds=[21], **kw)
+    theirs = hf_generate(model, tok, MSGS[:1], generator=torch.Generator().manual_seed(5), **kw)
+    prompt = ours.input_ids[:1, :int((ours.completion_mask[0] > 0).nonzero()[0])]
+    with torch.no_grad():
+        p1 = (model(input_ids=prompt).logits[0, -1].double() / t).softmax(-1)
+        probs_of = {}
+        for x1 in p1.argsort(descending=True)[:2].tolist():
+            ids = torch.cat([prompt, torch.tensor([[x1]])], dim=1)
+            p2 = (model(input_ids=ids).logits[0, -1].double() / t).softmax(-1)
+            for x2 in p2.argsort(descending=True)[:6].tolist():
+                probs_of[(x1, x2)] = float(p1[x1] * p2[x2])
+    pairs = [p for p in probs_of if probs_of[p] * n >= 15]
+    assert len(pairs) >= 4
+    assert _pair_fit(theirs, probs_of, pairs, n) > 1e-3         # the reference is right
+    assert _pair_fit(ours, probs_of, pairs, n) > 1e-3
+
+
 def test_batched_mode_gives_each_prompt_its_own_coins(policy):
     """With the prompt's seed fixed, its completions are the same alone or next to a longer
     prompt, in batched mode too (fp64: no kernel difference flips a token here)."""
