@@ -50,7 +50,10 @@ interval counts the eval problems, not the training run). ``--repeats K`` trains
 times (TRL with seeds ``--trl-seed`` + 0 .. K-1; dpgrpo's coins come from OS entropy) and adds
 each arm's accuracy over the runs: every run's accuracy, their mean and standard deviation, and
 a bootstrap interval that resamples the runs as well as the problems (:func:`bootstrap_runs`),
-so the goal is judged on training variation too. ``--set KEY=VALUE`` adds a dpgrpo override to
+so the goal is judged on training variation too. ``--pool FOLDER ...`` reports the same over
+every run saved under earlier ``--work`` folders, so runs of several calls count together
+(same settings, distinct TRL seeds: a seeded TRL run repeated gives the same adapter).
+``--set KEY=VALUE`` adds a dpgrpo override to
 the dpgrpo arms (a dotted config key; VALUE read as JSON, else as a string).
 
 The goals, on an idle machine: non-private at most 0.8x TRL's time per step and 0.5x its peak
@@ -430,17 +433,54 @@ def over_runs(repeats: list[dict[str, dict]]) -> dict:
     """Each arm's accuracy over the repeats: per run, mean, standard deviation, and
     :func:`bootstrap_runs` (for a dpgrpo arm, also its difference to TRL)."""
     arms = [arm for arm in repeats[0] if all(arm in r for r in repeats)]
-    correct = {arm: [r[arm]["correct"] for r in repeats] for arm in arms}
+    return accuracy_over_runs({arm: [r[arm]["correct"] for r in repeats] for arm in arms})
+
+
+def accuracy_over_runs(correct: dict[str, list[list[bool]]]) -> dict:
+    """:func:`over_runs` on each arm's runs (one 0/1 list per run, the same problems in the
+    same order); the arms may have different numbers of runs."""
     out: dict[str, dict] = {}
-    for arm in arms:
-        acc = [statistics.fmean(c) for c in correct[arm]]
+    for arm, runs in correct.items():
+        acc = [statistics.fmean(c) for c in runs]
         out[arm] = {"runs": len(acc), "accuracy_per_run": acc,
                     "accuracy_mean": statistics.fmean(acc),
                     "accuracy_sd": statistics.stdev(acc) if len(acc) > 1 else 0.0,
-                    "accuracy": bootstrap_runs(correct[arm])}
+                    "accuracy": bootstrap_runs(runs)}
         if arm != "trl" and "trl" in correct:
-            out[arm]["accuracy_minus_trl"] = bootstrap_runs(correct[arm], correct["trl"])
+            out[arm]["accuracy_minus_trl"] = bootstrap_runs(runs, correct["trl"])
     return out
+
+
+def pool(folders: Sequence[Path]) -> dict:
+    """Accuracy over the runs saved under ``folders`` (``--work`` folders of earlier calls, or
+    single runs in them): every ``eval-<arm>/predictions.jsonl`` below them is one run of
+    <arm>. A folder named twice counts once; every run must score the same problems."""
+    found: dict[Path, str] = {}
+    for folder in folders:
+        if not folder.is_dir():
+            raise SystemExit(f"bench/vs_trl.py --pool: {folder} is not a folder")
+        for path in sorted(folder.rglob("eval-*/predictions.jsonl")):
+            found.setdefault(path.resolve(), path.parent.name.removeprefix("eval-"))
+    if not found:
+        raise SystemExit("bench/vs_trl.py --pool: no eval-<arm>/predictions.jsonl in "
+                         + ", ".join(map(str, folders)))
+    correct: dict[str, list[list[bool]]] = {}
+    sources: dict[str, list[str]] = {}
+    ids: list[str] | None = None
+    for path, arm in found.items():
+        rows = sorted((json.loads(x) for x in path.read_text().splitlines() if x.strip()),
+                      key=lambda r: r["id"])
+        these = [r["id"] for r in rows]
+        if ids is not None and these != ids:
+            raise SystemExit(f"bench/vs_trl.py --pool: {path} scores other problems than the "
+                             "runs before it")
+        ids = these
+        correct.setdefault(arm, []).append([r["scores"]["strict"]["correct"] for r in rows])
+        sources.setdefault(arm, []).append(str(path.parent.parent))
+    out = accuracy_over_runs(correct)
+    for arm in out:
+        out[arm]["folders"] = sources[arm]
+    return {"problems": len(ids or []), "over_runs": out}
 
 
 def summarize(results: dict[str, dict]) -> dict:
@@ -487,6 +527,9 @@ def main() -> None:
                         dest="sets", help="a dpgrpo override for the dpgrpo arms (repeatable)")
     parser.add_argument("--check-gradient", action="store_true",
                         help="only compare one batch's gradient with TRL's (gradient_check)")
+    parser.add_argument("--pool", type=Path, nargs="+", metavar="FOLDER",
+                        help="only report accuracy over the runs saved under these --work "
+                        "folders (pool)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -496,6 +539,9 @@ def main() -> None:
     if args.child:
         child(args.child, args.model_dir, work, args.rounds, args.eval,
               trl_seed=args.trl_seed, extra=extra)
+        return
+    if args.pool:
+        print(json.dumps(pool(args.pool), indent=None if args.json else 2))
         return
     if args.check_gradient:
         model_dir = export_model(args.model_dir or work / "smollm2-135m-hf")

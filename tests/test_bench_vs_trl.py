@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -54,7 +56,6 @@ def test_set_and_seed_reach_the_child_command():
 
 
 def test_a_set_without_a_key_is_refused():
-    import pytest
 
     for bad in ("train.beta", "=3"):
         with pytest.raises(SystemExit, match="KEY=VALUE"):
@@ -85,3 +86,38 @@ def test_over_runs_reports_each_run_and_the_difference_to_trl():
     assert out["non-private"]["accuracy_mean"] == 0.7
     assert round(out["non-private"]["accuracy_minus_trl"]["mean"], 9) == -0.2
     assert "accuracy_minus_trl" not in out["trl"]
+
+
+def _saved_run(folder: Path, arm: str, correct: list[bool], ids: list[str] | None = None):
+    import json
+
+    out = folder / f"eval-{arm}"
+    out.mkdir(parents=True)
+    ids = ids or [f"p{i:03d}" for i in range(len(correct))]
+    rows = [{"id": i, "scores": {"strict": {"correct": c}}} for i, c in zip(ids, correct)]
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))
+
+
+def test_pool_counts_every_saved_run_once_across_calls(tmp_path):
+    # call 1: two repeats of both arms; call 2: one run of each; the arms' counts may differ
+    first, second = tmp_path / "call1", tmp_path / "call2"
+    for k, (t, d) in enumerate([(8, 6), (10, 8)]):
+        _saved_run(first / f"repeat-{k}", "trl", [True] * t + [False] * (10 - t))
+        _saved_run(first / f"repeat-{k}", "non-private", [True] * d + [False] * (10 - d))
+    _saved_run(second, "non-private", [True] * 10)
+    out = vs_trl.pool([first, second, first])                  # first named twice: counted once
+    trl, mine = out["over_runs"]["trl"], out["over_runs"]["non-private"]
+    assert out["problems"] == 10
+    assert trl["runs"] == 2 and sorted(trl["accuracy_per_run"]) == [0.8, 1.0]
+    assert mine["runs"] == 3 and round(mine["accuracy_mean"], 9) == 0.8
+    assert round(mine["accuracy_minus_trl"]["mean"], 9) == -0.1
+    assert str(second) in mine["folders"]
+
+
+def test_pool_refuses_runs_over_other_problems(tmp_path):
+    _saved_run(tmp_path / "a", "trl", [True, False])
+    _saved_run(tmp_path / "b", "trl", [True, False], ids=["p000", "q999"])
+    with pytest.raises(SystemExit, match="other problems"):
+        vs_trl.pool([tmp_path])
+    with pytest.raises(SystemExit, match="no eval"):
+        vs_trl.pool([tmp_path / "a" / "eval-trl"])
