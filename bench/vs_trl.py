@@ -53,8 +53,8 @@ a bootstrap interval that resamples the runs as well as the problems (:func:`boo
 so the goal is judged on training variation too. ``--pool FOLDER ...`` reports the same over
 every run saved under earlier ``--work`` folders, so runs of several calls count together
 (same settings, distinct TRL seeds: a seeded TRL run repeated gives the same adapter).
-``--set KEY=VALUE`` adds a dpgrpo override to
-the dpgrpo arms (a dotted config key; VALUE read as JSON, else as a string).
+``--set KEY=VALUE`` adds a dpgrpo override to the dpgrpo arms (a dotted config key; VALUE read
+as JSON, else as a string).
 
 The goals, on an idle machine: non-private at most 0.8x TRL's time per step and 0.5x its peak
 RSS, DP-GRPO at most 0.9x TRL's time, and non-private accuracy not below TRL's beyond the
@@ -132,8 +132,13 @@ def evaluate(model_dir: Path, adapter: Path, out: Path, limit: int) -> list[bool
 
     dpgrpo.evaluate(model=str(model_dir), adapter=adapter, task="arithmetic", split="eval",
                     limit=limit, out=out, device="cpu", dtype="float32")
-    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    return [r["scores"]["strict"]["correct"] for r in sorted(rows, key=lambda r: r["id"])]
+    return [correct for _, correct in scored(out / "predictions.jsonl")]
+
+
+def scored(predictions: Path) -> list[tuple[str, bool]]:
+    """(problem id, strict 0/1) of every row of an evaluation's predictions.jsonl, by id."""
+    rows = [json.loads(x) for x in predictions.read_text().splitlines() if x.strip()]
+    return sorted((r["id"], r["scores"]["strict"]["correct"]) for r in rows)
 
 
 def _num_layers(model_dir: Path) -> int:
@@ -468,14 +473,13 @@ def pool(folders: Sequence[Path]) -> dict:
     sources: dict[str, list[str]] = {}
     ids: list[str] | None = None
     for path, arm in found.items():
-        rows = sorted((json.loads(x) for x in path.read_text().splitlines() if x.strip()),
-                      key=lambda r: r["id"])
-        these = [r["id"] for r in rows]
+        rows = scored(path)
+        these = [i for i, _ in rows]
         if ids is not None and these != ids:
             raise SystemExit(f"bench/vs_trl.py --pool: {path} scores other problems than the "
                              "runs before it")
         ids = these
-        correct.setdefault(arm, []).append([r["scores"]["strict"]["correct"] for r in rows])
+        correct.setdefault(arm, []).append([c for _, c in rows])
         sources.setdefault(arm, []).append(str(path.parent.parent))
     out = accuracy_over_runs(correct)
     for arm in out:

@@ -56,7 +56,6 @@ def test_set_and_seed_reach_the_child_command():
 
 
 def test_a_set_without_a_key_is_refused():
-
     for bad in ("train.beta", "=3"):
         with pytest.raises(SystemExit, match="KEY=VALUE"):
             vs_trl.parse_sets([bad])
@@ -99,7 +98,7 @@ def _saved_run(folder: Path, arm: str, correct: list[bool], ids: list[str] | Non
 
 
 def test_pool_counts_every_saved_run_once_across_calls(tmp_path):
-    # call 1: two repeats of both arms; call 2: one run of each; the arms' counts may differ
+    # call 1: two repeats of both arms; call 2: one non-private run; the arms' counts differ
     first, second = tmp_path / "call1", tmp_path / "call2"
     for k, (t, d) in enumerate([(8, 6), (10, 8)]):
         _saved_run(first / f"repeat-{k}", "trl", [True] * t + [False] * (10 - t))
