@@ -179,8 +179,11 @@ def test_a_raising_reward_names_the_function_and_round_and_the_run_resumes(
             return 1.0
         TASK = dpgrpo.make_task(PROBLEMS, picky, max_new_tokens=2)
     """))
+    # q = 4 / 4: every slot is sampled, so the reward runs (at TINY's q = 1/2 an empty
+    # sample skipped it now and then, and CI saw the run finish without an error)
     argv = ["train", "--out", str(tmp_path / "run"), "--model", str(tiny_model_dir), *TINY,
-            "--task", f"{name}:TASK", "--set", "data.n_slots=4"]
+            "--task", f"{name}:TASK", "--set", "data.n_slots=4",
+            "--set", "privacy.expected_batch=4"]
     code, lines = _run(argv, capsys)
     _assert_one_error_line(code, lines, f"{name}.picky")
     assert "round 1" in [x for x in lines if x.startswith("error:")][0]
