@@ -459,7 +459,9 @@ def accuracy_over_runs(correct: dict[str, list[list[bool]]]) -> dict:
 def pool(folders: Sequence[Path]) -> dict:
     """Accuracy over the runs saved under ``folders`` (``--work`` folders of earlier calls, or
     single runs in them): every ``eval-<arm>/predictions.jsonl`` below them is one run of
-    <arm>. A folder named twice counts once; every run must score the same problems."""
+    <arm>. A folder named twice counts once; every run must score the same problems, except that
+    a run scoring only some of them (an evaluation cut short or still being written) is left
+    out and listed under ``incomplete_runs_left_out``."""
     found: dict[Path, str] = {}
     for folder in folders:
         if not folder.is_dir():
@@ -469,22 +471,26 @@ def pool(folders: Sequence[Path]) -> dict:
     if not found:
         raise SystemExit("bench/vs_trl.py --pool: no eval-<arm>/predictions.jsonl in "
                          + ", ".join(map(str, folders)))
+    runs = {path: scored(path) for path in found}
+    longest = max(runs, key=lambda p: len(runs[p]))
+    ids = [i for i, _ in runs[longest]]
     correct: dict[str, list[list[bool]]] = {}
     sources: dict[str, list[str]] = {}
-    ids: list[str] | None = None
-    for path, arm in found.items():
-        rows = scored(path)
+    incomplete: list[str] = []
+    for path, rows in runs.items():
         these = [i for i, _ in rows]
-        if ids is not None and these != ids:
-            raise SystemExit(f"bench/vs_trl.py --pool: {path} scores other problems than the "
-                             "runs before it")
-        ids = these
-        correct.setdefault(arm, []).append([c for _, c in rows])
-        sources.setdefault(arm, []).append(str(path.parent.parent))
+        if not set(these) <= set(ids):
+            raise SystemExit(f"bench/vs_trl.py --pool: {path} scores other problems than "
+                             f"{longest}")
+        if these != ids:          # a strict subset: an evaluation cut short or still running
+            incomplete.append(f"{path} ({len(these)} of {len(ids)} problems)")
+            continue
+        correct.setdefault(found[path], []).append([c for _, c in rows])
+        sources.setdefault(found[path], []).append(str(path.parent.parent))
     out = accuracy_over_runs(correct)
     for arm in out:
         out[arm]["folders"] = sources[arm]
-    return {"problems": len(ids or []), "over_runs": out}
+    return {"problems": len(ids), "over_runs": out, "incomplete_runs_left_out": incomplete}
 
 
 def summarize(results: dict[str, dict]) -> dict:

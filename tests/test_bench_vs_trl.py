@@ -120,3 +120,13 @@ def test_pool_refuses_runs_over_other_problems(tmp_path):
         vs_trl.pool([tmp_path])
     with pytest.raises(SystemExit, match="no eval"):
         vs_trl.pool([tmp_path / "a" / "eval-trl"])
+
+
+def test_pool_leaves_out_an_evaluation_still_being_written_and_says_so(tmp_path):
+    _saved_run(tmp_path / "done", "trl", [True, False, True, True])
+    _saved_run(tmp_path / "running", "trl", [False, False], ids=["p000", "p001"])
+    out = vs_trl.pool([tmp_path])
+    assert out["problems"] == 4 and out["over_runs"]["trl"]["runs"] == 1
+    assert out["over_runs"]["trl"]["accuracy_per_run"] == [0.75]
+    [left_out] = out["incomplete_runs_left_out"]
+    assert "running" in left_out and "2 of 4 problems" in left_out
