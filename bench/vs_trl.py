@@ -24,7 +24,8 @@ The workload is issue 30's:
   same dict through ``dpgrpo.from_trl_config``.
 * **Arms.** ``trl``, and dpgrpo's ``non-private`` and ``dp-grpo`` (epsilon 8, n = 1,000).
   dpgrpo's batch is Poisson with 8 prompts expected, TRL's exactly 8. ``from_trl_config``
-  sets ``train.tempered_logprobs`` (TRL's loss divides the logits by the temperature), so on
+  sets ``train.tempered_logprobs`` (TRL's loss divides the logits by the temperature) and
+  ``train.kl_bias_correction`` (TRL 1.16's ``use_bias_correction_kl``, on by default), so on
   one batch dpgrpo's unclipped gradient is TRL's (``--check-gradient``). TRL clips no prompt
   (only the norm of the batch's mean, at ``max_grad_norm`` 1.0), and from_trl_config maps that
   to a non-private arm that clips no prompt either (``train.clip_nonprivate = false``;
@@ -79,7 +80,7 @@ ARMS = ("trl", "non-private", "dp-grpo")
 TRL_OPTIONS = dict(num_generations=6, max_completion_length=48, per_device_train_batch_size=48,
                    gradient_accumulation_steps=1, learning_rate=1e-2, beta=0.04,
                    temperature=0.7, loss_type="grpo", scale_rewards="group", num_iterations=1,
-                   max_grad_norm=1.0)
+                   max_grad_norm=1.0, use_bias_correction_kl=True)
 LORA = dict(rank=1, alpha=2.0, dropout=0.05, modules=("o_proj", "down_proj"), last_layers=6)
 
 
@@ -240,32 +241,35 @@ def child(arm: str, model_dir: Path, work: Path, rounds: int, limit: int, *,
 
 # --- the gradient check: the same batch through TRL's loss and dpgrpo's --------------------
 
-def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0) -> dict:
+def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0,
+                   adapter_scale: float = 2.0) -> dict:
     """dpgrpo's non-private gradient (unclipped per-prompt gradients, summed, over B) against
     the gradient of TRL's own GRPO loss on the same batch: B prompts x G sampled completions,
-    fixed rewards, an adapter moved off its fresh state so the KL term has a gradient, dropout
-    off. Reported for dpgrpo's log-probs on the tempered policy (``train.tempered_logprobs``,
-    as TRL computes them) and on the model's own distribution: the relative difference
-    |g_trl - g_dpgrpo| / |g_trl| and the cosine. Calls TRL's ``_compute_loss`` and
+    fixed rewards, dropout off, and an adapter moved well off its fresh state (LoRA B ~
+    ``adapter_scale`` N(0, 1)), so that the policy differs from the reference as it does after
+    training and the KL term's gradient matters. Reported, as the relative difference
+    |g_trl - g_dpgrpo| / |g_trl| and the cosine, for dpgrpo's objective as
+    ``from_trl_config(TRL_OPTIONS)`` maps it (tempered log-probs, KL bias correction) and with
+    each of the two options turned off: a check that can fail. Calls TRL's ``_compute_loss`` and
     ``_get_per_token_logps_and_entropies`` (private methods; written against TRL 1.16).
     """
+    from dataclasses import replace
+
     import torch
     from trl import GRPOConfig, GRPOTrainer
     from trl.trainer.utils import use_adapter
 
-    from dpgrpo.objectives.grpo import (
-        GRPOObjective,
-        build_grpo_batch,
-        group_advantages,
-        reference_logprobs,
-    )
+    import dpgrpo
+    from dpgrpo.objectives.grpo import build_grpo_batch, group_advantages, reference_logprobs
     from dpgrpo.tasks import get_task
+    from dpgrpo.training.arms import OBJECTIVES
     from dpgrpo.training.grads import per_prompt_grads
     from dpgrpo.verify.fixtures import rollouts_from_specs
 
     opts, g, temperature = dict(TRL_OPTIONS), int(TRL_OPTIONS["num_generations"]), \
         float(TRL_OPTIONS["temperature"])
     opts["per_device_train_batch_size"] = prompts * g
+    cap = int(opts["max_completion_length"])
     task = get_task("arithmetic")
     problems = task.load_split("train").problems[:prompts]
     dataset, _ = dataset_and_reward()
@@ -280,7 +284,7 @@ def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0)
     with torch.no_grad():                         # off the fresh adapter: policy != reference
         for name, param in model.named_parameters():
             if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.05)
+                param.copy_(torch.randn(param.shape, generator=gen) * adapter_scale)
     model.eval()
     torch.manual_seed(seed)
     specs = []
@@ -289,8 +293,8 @@ def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0)
                                       add_generation_prompt=True, return_tensors="pt",
                                       return_dict=True)
         out = model.generate(**enc, do_sample=True, temperature=temperature, top_k=0,
-                             max_new_tokens=int(opts["max_completion_length"]),
-                             num_return_sequences=g, pad_token_id=tok.pad_token_id)
+                             max_new_tokens=cap, num_return_sequences=g,
+                             pad_token_id=tok.pad_token_id)
         rows = [r[:r.index(tok.eos_token_id) + 1] if tok.eos_token_id in r else r
                 for r in out[:, enc["input_ids"].shape[1]:].tolist()]
         specs.append((task.prompt(p), rows))
@@ -312,17 +316,26 @@ def gradient_check(model_dir: Path, work: Path, prompts: int = 4, seed: int = 0)
         "advantages": adv.reshape(-1), "ref_per_token_logps": ref,
         "num_items_in_batch": mask.sum()}).backward()
     trl_grad = torch.cat([params[n].grad.reshape(-1) for n in sorted(params)])
+    with torch.no_grad():                         # how far the policy is from the reference
+        policy, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attn,
+                                                                  ids.shape[1] - first)
+        gap = ((policy - ref).abs() * mask[:, first:]).sum() / mask.sum()
     report: dict[str, object] = {"prompts": prompts, "completions": prompts * g,
                                  "completion_tokens": int(mask.sum()),
+                                 "adapter_scale": adapter_scale,
+                                 "mean_abs_logp_minus_ref": float(gap),
                                  "trl_grad_norm": float(trl_grad.norm())}
-    for tempered in (True, False):
-        t = temperature if tempered else 1.0
+    mapped = dpgrpo.from_trl_config(TRL_OPTIONS).config().train
+    for label, train in (("as_mapped", mapped),
+                         ("kl_bias_correction=false", replace(mapped, kl_bias_correction=False)),
+                         ("tempered_logprobs=false", replace(mapped, tempered_logprobs=False))):
+        t = train.logprob_temperature
         batch = build_grpo_batch(rollouts, rewards, adv,
                                  reference_logprobs(model, rollouts, temperature=t))
-        grads = per_prompt_grads(model, GRPOObjective(beta=float(opts["beta"]), temperature=t),
-                                 batch, method="reference")
+        grads = per_prompt_grads(model, OBJECTIVES["grpo"](train, cap), batch,
+                                 method="reference")
         mine = torch.cat([grads[n].sum(0).reshape(-1) / prompts for n in sorted(params)])
-        report[f"tempered_logprobs={str(tempered).lower()}"] = {
+        report[label] = {
             "relative_difference": float((mine - trl_grad).norm() / trl_grad.norm()),
             "cosine": float(torch.nn.functional.cosine_similarity(mine, trl_grad, dim=0))}
     return report
@@ -537,6 +550,9 @@ def main() -> None:
                         dest="sets", help="a dpgrpo override for the dpgrpo arms (repeatable)")
     parser.add_argument("--check-gradient", action="store_true",
                         help="only compare one batch's gradient with TRL's (gradient_check)")
+    parser.add_argument("--adapter-scale", type=float, default=2.0,
+                        help="--check-gradient: LoRA B ~ this x N(0, 1), how far the policy "
+                        "is moved off the reference")
     parser.add_argument("--pool", type=Path, nargs="+", metavar="FOLDER",
                         help="only report accuracy over the runs saved under these --work "
                         "folders (pool)")
@@ -555,7 +571,8 @@ def main() -> None:
         return
     if args.check_gradient:
         model_dir = export_model(args.model_dir or work / "smollm2-135m-hf")
-        print(json.dumps(gradient_check(model_dir, work), indent=None if args.json else 2))
+        print(json.dumps(gradient_check(model_dir, work, adapter_scale=args.adapter_scale),
+                         indent=None if args.json else 2))
         return
     if args.repeats < 1:
         raise SystemExit("bench/vs_trl.py: --repeats must be >= 1")

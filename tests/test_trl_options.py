@@ -20,7 +20,7 @@ TRL_DEFAULTS = dict(
     num_iterations=1, gradient_accumulation_steps=1, steps_per_generation=1,
     mask_truncated_completions=False, log_completions=False, max_steps=-1,
     per_device_train_batch_size=8, use_vllm=False, seed=42, max_grad_norm=1.0,
-    output_dir="trainer_output")
+    use_bias_correction_kl=True, output_dir="trainer_output")
 
 
 def grpo_config(**changes):
@@ -44,6 +44,9 @@ def test_a_grpo_config_object_maps_onto_the_run_config():
         (0.7, 0.95, 1.05, 1e-2, 12)
     assert t.mask_truncated_completions and t.checkpoint_every == 6
     assert t.tempered_logprobs and t.logprob_temperature == 0.7   # TRL's loss divides by T
+    assert t.kl_bias_correction                   # TRL 1.16's use_bias_correction_kl default
+    off = from_trl_config(args, use_bias_correction_kl=False).config().train
+    assert not off.kl_bias_correction and not dpgrpo.config.TrainConfig().kl_bias_correction
     assert not t.clip_nonprivate                  # TRL clips no prompt, only the batch's mean
     assert "max_grad_norm=1.0: TRL clips the norm of the batch's mean gradient" in \
         " | ".join(settings.notes)

@@ -159,8 +159,10 @@ class _BatchTokenMean(GRPOObjective):
 
 
 @pytest.mark.parametrize("method", ["fast", "reference"])
-@pytest.mark.parametrize("obj", [*VARIANTS, GRPOObjective(beta=0.1, temperature=0.7)],
-                         ids=lambda o: f"{o.loss_type}-T{o.temperature:g}")
+@pytest.mark.parametrize("obj", [*VARIANTS, GRPOObjective(beta=0.1, temperature=0.7),
+                                 GRPOObjective(beta=0.1, kl_bias_correction=True)],
+                         ids=lambda o: f"{o.loss_type}-T{o.temperature:g}"
+                                       f"{'-corrected' if o.kl_bias_correction else ''}")
 def test_batchmates_leave_other_prompts_bit_identical(policy32, tok, obj, method):
     """As tests/test_grads.py's check, for each variant with mask_truncated and no std: a much
     longer batch-mate changes no other prompt's gradient by one bit (fp32)."""
@@ -233,9 +235,12 @@ def test_the_arm_uses_the_options(tok):
         "train.group_size=3", "train.beta=0", "train.max_new_tokens=none",
         "train.loss_type=prompt_token_mean", "train.scale_rewards=none",
         "train.mask_truncated_completions=true", "train.top_p=0.8",
-        "train.repetition_penalty=1.2"])
+        "train.repetition_penalty=1.2", "train.kl_bias_correction=true"])
     arm = make_arm(cfg, SimpleNamespace(model=object(), tokenizer=tok), Task())
     assert (arm.objective.loss_type, arm.objective.max_completion_length) == ("prompt_token_mean", 7)
+    assert arm.objective.kl_bias_correction
+    assert not make_arm(embedded_default(), SimpleNamespace(model=object(), tokenizer=tok),
+                        Task()).objective.kl_bias_correction
     arm._engine = Engine()
     batch, _ = arm.batch([(Task(), 0), (Task(), 1)], torch.Generator().manual_seed(0))
     assert (seen["top_p"], seen["repetition_penalty"]) == (0.8, 1.2)
@@ -297,3 +302,39 @@ def test_tempered_logprobs_reach_the_objective_and_the_reference(fresh, tok):
         if tempered:                                                     # mismatched T: K > 0
             other = GRPOObjective(beta=0.1, temperature=1.0)
             assert float(other.row_losses(fresh, zero, slice(0, 6)).min()) > 1e-6
+
+
+@pytest.mark.parametrize("corrected", [False, True])
+def test_kl_bias_correction_gives_the_sequence_kl_gradient(policy64, tok, corrected):
+    """train.kl_bias_correction (TRL's use_bias_correction_kl): the same loss value, but each
+    token's KL gradient is beta (u - u_ref) grad u, not Eq. (3)'s beta (1 - pi_ref/pi) grad u.
+    Checked against a surrogate sum_k c_k u_k / L with the per-token coefficients c_k written
+    out by hand, on an adapter far enough from the reference that the two rules differ."""
+    from dpgrpo.objectives.logprobs import token_logprobs
+
+    specs = random_specs(tok, 5, 3, group=3)
+    rewards = torch.tensor([[1., 0, 0], [0., 1, 1], [1., 1, 1]], dtype=torch.float64)
+    batch = _batch(policy64, tok, specs, rewards)
+    ref, mask = batch.ref_logprobs, batch.loss_mask.to(torch.float64)
+    params = [p for p in policy64.parameters() if p.requires_grad]
+    obj = GRPOObjective(beta=0.5, kl_bias_correction=corrected)
+    loss = (obj.row_losses(policy64, batch, slice(0, 9)) * batch.row_weights.reshape(-1)).sum()
+    plain = GRPOObjective(beta=0.5).row_losses(policy64, batch, slice(0, 9))
+    torch.testing.assert_close(obj.row_losses(policy64, batch, slice(0, 9)), plain,
+                               rtol=0, atol=1e-14)                         # the value is K's
+    got = torch.autograd.grad(loss, params)
+
+    u = token_logprobs(policy64, batch.input_ids, batch.attention_mask, mask=batch.loss_mask)
+    d = (u - ref).detach() * mask                                        # u - u_ref per token
+    assert float(d.abs().max()) > 0.05                                   # the rules differ here
+    kl_grad = d if corrected else (1 - torch.exp(-d)) * mask             # per-token coefficient
+    c = -batch.advantages.reshape(-1, 1) + 0.5 * kl_grad
+    surrogate = ((c * u * mask).sum(1) / mask.sum(1) * batch.row_weights.reshape(-1)).sum()
+    want = torch.autograd.grad(surrogate, params)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-12)
+    other = torch.autograd.grad(
+        (GRPOObjective(beta=0.5, kl_bias_correction=not corrected).row_losses(
+            policy64, batch, slice(0, 9)) * batch.row_weights.reshape(-1)).sum(), params)
+    gap = sum(float((a - b).norm()) for a, b in zip(got, other))
+    assert gap > 1e-3 * sum(float(a.norm()) for a in got)                # the option matters

@@ -225,6 +225,10 @@ class TrainConfig:
     # the distribution the completions were sampled from: an on-policy gradient, as TRL and
     # verl compute it. False: the model's own distribution (temperature 1).
     tempered_logprobs: bool = False
+    # Multiply each token's KL estimate (Eq. 3) by the ratio exp(u - sg(u)), 1 in value: the KL
+    # gradient per token becomes beta (u - u_ref) grad u, the sequence KL's, instead of Eq. (3)'s
+    # beta (1 - pi_ref/pi) grad u. TRL's use_bias_correction_kl (True by default in TRL 1.16).
+    kl_bias_correction: bool = False
     # Leave completions that hit the cap (no EOS) out of the loss (DAPO's overlong masking):
     # a per-row rule on the prompt's own rollouts; their rewards still enter the group's mean.
     mask_truncated_completions: bool = False

@@ -224,6 +224,7 @@ OPTIONS: dict[str, Handler] = {
     "gradient_accumulation_steps": lambda *_: None,   # read by the batch and steps rules
     "steps_per_generation": _steps_per_generation,
     "mask_truncated_completions": _to("train.mask_truncated_completions"),
+    "use_bias_correction_kl": _to("train.kl_bias_correction"),
     "log_completions": _log_completions,
     "max_steps": _max_steps,
     "per_device_train_batch_size": _batch,

@@ -10,6 +10,8 @@ Section III-D).
 The objective is strictly on-policy: one gradient step per sampled batch, the importance ratio
 ``exp(u - sg(u))`` is exactly 1 in value, so a PPO-style ratio clip (TRL's ``epsilon``,
 DAPO's ``epsilon_high``) would never bind and is not implemented (``docs/coming-from-trl.md``).
+The ratio's gradient is not 1, though: ``train.kl_bias_correction`` multiplies each token's KL
+estimate by it, as TRL's ``use_bias_correction_kl`` does (:class:`GRPOObjective`).
 """
 
 from __future__ import annotations
@@ -112,12 +114,20 @@ class GRPOObjective:
     the gradient is on-policy (TRL and verl divide the logits by it too); the reference
     log-probs of Eq. (3) must then be taken at the same T (:func:`reference_logprobs`).
     ``train.tempered_logprobs`` chooses it.
+
+    ``kl_bias_correction``: each token's K_k is multiplied by the importance ratio
+    exp(u_k - sg(u_k)), 1 in value, so the loss is unchanged, but the KL term's gradient per
+    token becomes beta (u_k - u_ref,k) grad u_k, the score-function gradient of the sampled
+    sequence's KL, instead of Eq. (3)'s beta (1 - pi_ref/pi) grad u_k (the two agree to first
+    order while the policy is near the reference). TRL's ``use_bias_correction_kl``, True by
+    default in TRL 1.16. A per-token factor of the row's own log-probs: isolation holds.
     """
 
     beta: float = 0.04
     loss_type: str = "grpo"
     max_completion_length: int | None = None  # dr_grpo's constant: the public completion cap
     temperature: float = 1.0  # of the policy whose log-probs enter Eq. (7) and Eq. (3)
+    kl_bias_correction: bool = False  # K_k * exp(u_k - sg(u_k)): TRL's use_bias_correction_kl
 
     def __post_init__(self) -> None:
         if not self.beta >= 0.0:
@@ -145,10 +155,13 @@ class GRPOObjective:
                                           temperature=self.temperature)       # (n, W)
         mask = mask.to(logp.dtype)
         adv = batch.advantages.reshape(-1)[rows].to(logp.dtype).unsqueeze(1)  # (n, 1)
-        gain = torch.exp(logp - logp.detach()) * adv                          # (n, W)
+        ratio = torch.exp(logp - logp.detach())                               # 1, grad u
+        gain = ratio * adv                                                    # (n, W)
         if self.beta > 0:
             assert ref is not None
             kl = k3_kl(logp, torch.where(mask > 0, ref.to(logp.dtype), logp))  # 0 off-mask
+            if self.kl_bias_correction:
+                kl = kl * ratio                                               # TRL's default
             gain = gain - self.beta * kl                                      # Eq. (3)
         if self.loss_type == "grpo":
             return masked_row_mean(-gain, mask)                              # (n,)

@@ -37,7 +37,8 @@ from dpgrpo.training.metrics import Laps
 OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
     "grpo": lambda train, cap: GRPOObjective(beta=train.beta, loss_type=train.loss_type,
                                              max_completion_length=cap,
-                                             temperature=train.logprob_temperature),
+                                             temperature=train.logprob_temperature,
+                                             kl_bias_correction=train.kl_bias_correction),
     "sft": lambda train, cap: SFTObjective(),
 }
 
