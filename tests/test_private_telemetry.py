@@ -23,7 +23,7 @@ from faultkit import memoized_accountant
 __all__ = ["memoized_accountant"]  # the autouse fixture (a pure accountant, memoized)
 
 #: Names of private per-round values (recovery/telemetry.jsonl) and of the skipped count.
-PRIVATE = re.compile(r"batch|reward|length|clipped|nonfinite|skipp|invalid|prompts|records",
+PRIVATE = re.compile(r"batch|reward|length|clipped|nonfinite|skipp|invalid|prompts|records|norm",
                      re.IGNORECASE)
 
 

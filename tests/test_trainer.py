@@ -235,3 +235,34 @@ def test_eval_a_trained_run_by_its_directory(tiny_model_dir, tmp_path):
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["arm"] == "dp-grpo" and summary["task"] == "arithmetic" and summary["n"] == 3
     assert summary["adapter"] and "release" in summary["adapter"]
+
+
+def test_the_update_is_clipped_to_max_update_norm_before_the_adamw_step():
+    from dpgrpo.training.trainer import _apply
+
+    def moved(max_norm):
+        model = torch.nn.Linear(3, 2, bias=False)
+        start = model.weight.detach().clone()
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)     # the step is the update itself
+        norm = _apply(model, sgd, {"weight": torch.full((2, 3), 2.0)}, max_norm=max_norm)
+        assert model.weight.grad is None                      # zeroed for the next round
+        return norm, float((start - model.weight.detach()).norm())
+
+    assert moved(1.0) == pytest.approx((2 * math.sqrt(6), 1.0), rel=1e-5)  # clipped to 1
+    assert moved(None) == pytest.approx((2 * math.sqrt(6), 2 * math.sqrt(6)), rel=1e-5)
+    assert moved(100.0) == pytest.approx((2 * math.sqrt(6), 2 * math.sqrt(6)), rel=1e-5)
+
+
+def test_max_update_norm_reaches_the_round_and_its_norm_the_private_telemetry(tiny_model_dir,
+                                                                              tmp_path):
+    with pytest.raises(ConfigError, match="train.max_update_norm must be > 0"):
+        tiny_config(tiny_model_dir, "train.max_update_norm=0").validate()
+    cfg = tiny_config(tiny_model_dir, "train.max_update_norm=1e-3", "train.rounds=2",
+                      "privacy.seed=5")
+    train(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in
+            (tmp_path / "run" / "recovery" / "telemetry.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all(r["update_norm"] > 1e-3 for r in rows)        # the noisy mean, before the clip
+    public = (tmp_path / "run" / "metrics.jsonl")
+    assert not public.exists() or "update_norm" not in public.read_text()

@@ -48,6 +48,8 @@ def test_a_grpo_config_object_maps_onto_the_run_config():
     off = from_trl_config(args, use_bias_correction_kl=False).config().train
     assert not off.kl_bias_correction and not dpgrpo.config.TrainConfig().kl_bias_correction
     assert not t.clip_nonprivate                  # TRL clips no prompt, only the batch's mean
+    assert t.max_update_norm == 1.0               # ... and the mean: every arm clips its update
+    assert from_trl_config(args, max_grad_norm=0).config().train.max_update_norm is None
     assert "max_grad_norm=1.0: TRL clips the norm of the batch's mean gradient" in \
         " | ".join(settings.notes)
     assert p.expected_batch == 8.0                                      # 48 completions / G 6

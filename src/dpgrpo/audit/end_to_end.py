@@ -102,7 +102,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
         update = mech(grads, clip_norm=run.clip_norm, noise_multiplier=run.sigma,
                       expected_batch=run.expected_batch, noise=run.noise)
         rounds[t] = dirs.project(_flat(update, names)) * units
-        _apply(run.model, run.optimizer, update)
+        _apply(run.model, run.optimizer, update, max_norm=config.train.max_update_norm)
     after = _flat(trainable_parameters(run.model), names)
     final = -dirs.project(after - before)
     return setup, Observation(included, rounds, final, time.perf_counter() - start)

@@ -234,6 +234,11 @@ class TrainConfig:
     mask_truncated_completions: bool = False
     learning_rate: float = 3e-4  # AdamW's, on the trainable LoRA weights
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    # Clip the norm of each round's update to this before the AdamW step (TRL's max_grad_norm).
+    # In the private arms the update is the noisy mean, so this is post-processing of the
+    # mechanism's output and costs no privacy; in the non-private arm it clips the batch's mean
+    # gradient, as TRL does. None: no clip.
+    max_update_norm: float | None = None
     # "auto": the fast LoRA-hook path, or the reference path under gradient checkpointing
     # (autograd then saves only each layer's input: ~6x less memory than the hooks' stashes)
     grad_method: str = "auto"
@@ -312,6 +317,9 @@ class TrainConfig:
                               "decoding (0) makes them identical, so every advantage is zero")
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.max_update_norm is not None and not self.max_update_norm > 0:
+            raise ConfigError(f"train.max_update_norm must be > 0 (or unset: no clip), got "
+                              f"{self.max_update_norm}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"train.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not (0.0 < self.top_p <= 1.0 and self.repetition_penalty > 0.0):

@@ -167,14 +167,18 @@ def _temperature(name: str, value: Any, found: Found, out: Out, notes: list[str]
 
 
 def _global_clip(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
-    """TRL clips no prompt's gradient, only the norm of the batch's mean (a statistic of every
-    prompt, which DP cannot use): the non-private arm then clips no prompt either."""
+    """TRL clips no prompt's gradient, only the norm of the batch's mean: the non-private arm
+    then clips no prompt either, and every arm clips its round's update to the same norm
+    (train.max_update_norm; in the private arms that is the noisy mean, post-processing)."""
     out["train.clip_nonprivate"] = False
-    notes.append(f"max_grad_norm={value!r}: TRL clips the norm of the batch's mean gradient, a "
-                 "statistic of every sampled prompt; dpgrpo clips each prompt's gradient at "
-                 "privacy.clip_norm in the private arms (the mechanism) and, like TRL, no "
-                 "prompt's in the non-private arm (train.clip_nonprivate = false); the global "
-                 "clip itself is not applied")
+    if value is not None and value > 0:           # TRL (HF Trainer): None or 0 clips nothing
+        out["train.max_update_norm"] = float(value)
+    notes.append(f"max_grad_norm={value!r}: TRL clips the norm of the batch's mean gradient; "
+                 "dpgrpo clips each prompt's gradient at privacy.clip_norm in the private arms "
+                 "(the mechanism) and, like TRL, no prompt's in the non-private arm "
+                 "(train.clip_nonprivate = false); the round's update is clipped to "
+                 f"train.max_update_norm = {value!r} in every arm (after the noise in the "
+                 "private arms: post-processing, no privacy cost)")
 
 
 def _reward_weights(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:

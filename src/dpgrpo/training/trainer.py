@@ -229,8 +229,11 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
     laps.mark("mechanism")
     if update.finite:                                                 # line 9
         # per_prompt_grads gives name -> tensor, so the update is a dict too
-        _apply(run.model, run.optimizer, cast(dict[str, torch.Tensor], update.update))
+        update_norm = _apply(run.model, run.optimizer, cast(dict[str, torch.Tensor],
+                                                            update.update),
+                             max_norm=run.config.train.max_update_norm)
     else:
+        update_norm = None
         run.steps_skipped += 1                                        # still charged
     laps.mark("step")
     timings = {"time/round": time.perf_counter() - tic, **laps.row()}  # private by default
@@ -238,7 +241,7 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
                           "prompts": len(plan.prompts), **info,
                           "nonfinite_records": update.num_nonfinite,
                           "clipped_records": update.num_clipped,
-                          "step_skipped": not update.finite,
+                          "step_skipped": not update.finite, "update_norm": update_norm,
                           "seconds": timings["time/round"], **timings})
     release_free_memory()                                             # RSS back to baseline
     return RoundOutcome(t + 1, update, info, timings)
@@ -285,13 +288,18 @@ def _grad_method(config: RunConfig) -> str:
     return "reference" if lean else "fast"
 
 
-def _apply(model: Any, optimizer: torch.optim.Optimizer, update: dict[str, torch.Tensor]) -> None:
-    """Use the privatized update as the gradient of an AdamW step (fp32 optimizer state)."""
+def _apply(model: Any, optimizer: torch.optim.Optimizer, update: dict[str, torch.Tensor], *,
+           max_norm: float | None = None) -> float:
+    """Use the privatized update as the gradient of an AdamW step (fp32 optimizer state),
+    its norm clipped to ``max_norm`` first (post-processing); returns the norm before it."""
     params = trainable_parameters(model)
     for name, param in params.items():
         param.grad = update[name].to(device=param.device, dtype=param.dtype)
+    norm = float(torch.nn.utils.clip_grad_norm_(      # inf: measures, scales by 1
+        params.values(), math.inf if max_norm is None else max_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 def _epsilon_so_far(journal: PrivacyJournal, private: bool, delta: float) -> float:
