@@ -254,7 +254,17 @@ def test_the_update_is_clipped_to_max_update_norm_before_the_adamw_step():
 
 
 def test_max_update_norm_reaches_the_round_and_its_norm_the_private_telemetry(tiny_model_dir,
-                                                                              tmp_path):
+                                                                              tmp_path,
+                                                                              monkeypatch):
+    import dpgrpo.training.trainer as trainer_module
+
+    seen, apply = [], trainer_module._apply
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("max_norm"))
+        return apply(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "_apply", spy)
     with pytest.raises(ConfigError, match="train.max_update_norm must be > 0"):
         tiny_config(tiny_model_dir, "train.max_update_norm=0").validate()
     cfg = tiny_config(tiny_model_dir, "train.max_update_norm=1e-3", "train.rounds=2",
@@ -264,5 +274,6 @@ def test_max_update_norm_reaches_the_round_and_its_norm_the_private_telemetry(ti
             (tmp_path / "run" / "recovery" / "telemetry.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     assert all(r["update_norm"] > 1e-3 for r in rows)        # the noisy mean, before the clip
+    assert seen == [1e-3, 1e-3]                               # each round's step clips at it
     public = (tmp_path / "run" / "metrics.jsonl")
     assert not public.exists() or "update_norm" not in public.read_text()
