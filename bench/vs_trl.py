@@ -90,7 +90,13 @@ def _say(kind: str, payload: object = None) -> None:
     print(f"@@{kind} {json.dumps(payload)}", flush=True)
 
 
+#: False in a child of ``--runs`` (vs_trl_runs.py): its run goes through without a baton
+BATON = [True]
+
+
 def _turn() -> None:
+    if not BATON[0]:
+        return
     _say("ready")
     if sys.stdin.readline().strip() != "go":
         raise SystemExit("bench/vs_trl.py: the parent stopped the baton")
@@ -158,16 +164,19 @@ def trl_lora(model_dir: Path, dropout: float):
 
 # --- the arms (each in a child process) -------------------------------------------------------
 
-def run_trl(model_dir: Path, work: Path, rounds: int, seed: int = 42) -> dict:
+def run_trl(model_dir: Path, work: Path, rounds: int, seed: int = 42, *,
+            dropout: float | None = None, disable_dropout: bool = False) -> dict:
+    """TRL's GRPOTrainer on the workload; ``dropout`` (default LORA's) and ``disable_dropout``
+    (GRPOConfig's: every dropout module of the model off) for the variants of ``--runs``."""
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     dataset, reward = dataset_and_reward()
-    lora = trl_lora(model_dir, LORA["dropout"])
+    lora = trl_lora(model_dir, LORA["dropout"] if dropout is None else dropout)
     args = GRPOConfig(output_dir=str(work / "trl"), max_steps=rounds, use_cpu=True, bf16=False,
                       fp16=False, gradient_checkpointing=False, lr_scheduler_type="constant",
                       logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
-                      seed=seed, **TRL_OPTIONS)
+                      seed=seed, disable_dropout=disable_dropout, **TRL_OPTIONS)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
                           train_dataset=dataset, peft_config=lora)
     spent = [0.0]
@@ -194,8 +203,13 @@ def run_trl(model_dir: Path, work: Path, rounds: int, seed: int = 42) -> dict:
     trainer.add_callback(Baton())
     trainer.train()
     trainer.save_model(str(work / "trl-adapter"))
+    logged = [row for row in trainer.state.log_history if "reward" in row]
     return {"rounds": [{"seconds": s, "generation": g} for s, g in times],
-            "adapter": str(work / "trl-adapter")}
+            "adapter": str(work / "trl-adapter"),
+            "telemetry": [{"round": i + 1, "reward_mean": row.get("reward"),
+                           "cap_rate": row.get("completions/clipped_ratio"),
+                           "length_mean": row.get("completions/mean_length")}
+                          for i, row in enumerate(logged)]}
 
 
 def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int,
@@ -222,11 +236,15 @@ def run_dpgrpo(arm: str, model_dir: Path, work: Path, rounds: int,
                           **settings)
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     telemetry = run / "recovery" / "telemetry.jsonl"             # private: the realized batch
-    batch = [json.loads(x)["batch_size"] for x in telemetry.read_text().splitlines()]
+    private = [json.loads(x) for x in telemetry.read_text().splitlines()]
+    batch = [row["batch_size"] for row in private]
     return {"rounds": [{"seconds": r["time/round"], "generation": r["time/rollout"]}
                       for r in rows], "adapter": str(result.release_dir),
             "epsilon": result.certificate.get("epsilon"),
-            "prompts_per_step_mean": statistics.fmean(batch) if batch else 0.0}
+            "prompts_per_step_mean": statistics.fmean(batch) if batch else 0.0,
+            "telemetry": [{key: row.get(key) for key in ("round", "batch_size", "reward_mean",
+                                                         "cap_rate", "length_mean")}
+                          for row in private]}
 
 
 def child(arm: str, model_dir: Path, work: Path, rounds: int, limit: int, *,
@@ -556,9 +574,35 @@ def main() -> None:
     parser.add_argument("--pool", type=Path, nargs="+", metavar="FOLDER",
                         help="only report accuracy over the runs saved under these --work "
                         "folders (pool)")
+    parser.add_argument("--runs", type=int, default=None, metavar="K",
+                        help="train each of --variants until it has K finished runs under "
+                        "--work (two at a time, one thread each; vs_trl_runs.py), then report")
+    parser.add_argument("--variants", default="trl-nodrop,dpgrpo-nodrop-fixed",
+                        help="--runs: the variants, comma-separated (vs_trl_runs.VARIANTS)")
+    parser.add_argument("--report", action="store_true",
+                        help="only report the finished runs of --runs under --work")
+    parser.add_argument("--any-commit", action="store_true",
+                        help="--report: pool runs of every commit (default: the newest's)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.runs is not None or args.report:
+        if args.work is None:
+            raise SystemExit("bench/vs_trl.py --runs/--report: name the campaign's --work "
+                             "folder (its runs accumulate there across calls)")
+        import vs_trl_runs
+
+        if args.runs is not None:
+            if args.runs < 1:
+                raise SystemExit("bench/vs_trl.py: --runs must be >= 1")
+            model_dir = export_model(args.model_dir or args.work / "smollm2-135m-hf")
+            vs_trl_runs.campaign(args.work, [v for v in args.variants.split(",") if v],
+                                 args.runs, model_dir, rounds=args.rounds, limit=args.eval,
+                                 sets=args.sets, log=lambda m: print(m, file=sys.stderr,
+                                                                     flush=True))
+        summary = vs_trl_runs.report(vs_trl_runs.records(args.work), any_commit=args.any_commit)
+        print(json.dumps(summary, indent=None if args.json else 2))
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="vs_trl-"))
     LORA["last_layers"] = args.lora_layers
     extra = parse_sets(args.sets)                 # a bad --set stops here, before any run

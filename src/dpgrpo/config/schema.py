@@ -17,7 +17,7 @@ from typing import Any
 from dpgrpo.config.arms import arm_spec
 from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, refuse
 from dpgrpo.config.values import check_finite
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, PrivacyBudgetError
 
 MAX_GROUP_SIZE = 8
 #: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
@@ -254,6 +254,9 @@ class TrainConfig:
     rollout_batch_size: int | None = None  # rows per generate call (default: 16 passes' rows)
     checkpoint_every: int = 10  # rounds between checkpoints (recovery/) and releases (release/)
     clip_nonprivate: bool = True  # non-private arm: keep clipping at C
+    # "poisson" (Algorithm 1, every arm); "fixed": exactly round(q n) distinct prompts a round,
+    # as TRL takes (non-private arms only: the accountant's bound needs Poisson sampling)
+    batch_sampling: str = "poisson"
     # Memory budget of one forward/backward pass, counted in completion-cap tokens: a pass holds
     # rows_per_pass = max(1, max_tokens_per_pass // cap) rows of ONE prompt. Public: it never
     # depends on the data, and results depend on it only through summation order.
@@ -349,6 +352,9 @@ class TrainConfig:
         if self.rollout_isolation not in ("batched", "isolated"):
             raise ConfigError("train.rollout_isolation must be 'batched' or 'isolated', "
                               f"not {self.rollout_isolation!r}")
+        if self.batch_sampling not in ("poisson", "fixed"):
+            raise ConfigError("train.batch_sampling must be 'poisson' or 'fixed', "
+                              f"not {self.batch_sampling!r}")
         if self.rollout_engine not in ("transformers", "vllm"):
             raise ConfigError("train.rollout_engine must be 'transformers' or 'vllm', "
                               f"not {self.rollout_engine!r}")
@@ -379,6 +385,11 @@ class RunConfig:
         from dpgrpo.training.metrics import check_timing_sinks
 
         check_timing_sinks(self.train.metrics, self.train.public_timings, self.releasable)
+        if self.private and self.train.batch_sampling != "poisson":
+            raise PrivacyBudgetError(
+                f"train.batch_sampling = {self.train.batch_sampling!r} with the private arm "
+                f"{self.train.arm!r}: the certificate's bound is for Poisson sampling (Algorithm "
+                "1, line 2); a fixed-size batch is for the non-private arm only")
         if not self.private:
             if self.privacy.noise_multiplier not in (None, 0.0):
                 raise ConfigError(f"train.arm = {self.train.arm!r} uses sigma = 0; "

@@ -121,3 +121,28 @@ class PoissonSampler(SeededOrSecure):
             if self._rng is None:
                 raise PrivacyBudgetError("cannot restore a seeded sampler state into a secure sampler")
             self._rng.bit_generator.state = state["bit_generator"]
+
+
+class FixedSizeSampler(PoissonSampler):
+    """Exactly ``round(q * n)`` distinct slots a round, uniformly at random: TRL's batch of a
+    fixed number of prompts. **Non-private arms only**: the accountant's bound is for Poisson
+    sampling, and a fixed-size batch is not covered by it (``train.batch_sampling = "fixed"``
+    under a private arm is refused at load, :class:`dpgrpo.errors.PrivacyBudgetError`). The
+    coins are the same as Poisson's (OS entropy, or the debugging seed): the slots with the
+    ``m`` smallest uniforms.
+    """
+
+    @property
+    def batch_size(self) -> int:
+        """The fixed number of slots a round: ``round(q * n)``, at least 1, at most n."""
+        return min(self.n, max(1, round(self.q * self.n)))
+
+    def sample(self) -> np.ndarray:
+        """Indices (sorted, int64) of the ``batch_size`` slots drawn this round."""
+        chosen = np.argsort(self._uniforms(), kind="stable")[: self.batch_size]
+        return np.sort(chosen).astype(np.int64)
+
+
+#: ``train.batch_sampling`` -> its sampler (``fixed``: non-private arms only)
+SAMPLERS: dict[str, type[PoissonSampler]] = {"poisson": PoissonSampler,
+                                              "fixed": FixedSizeSampler}

@@ -27,7 +27,7 @@ from dpgrpo.privacy.contributors import (
 )
 from dpgrpo.privacy.noise import NoiseSource, check_noise_tail, noise_tail_delta
 from dpgrpo.privacy.record_coins import RecordRandomness
-from dpgrpo.privacy.sampling import PoissonSampler, SlotCount
+from dpgrpo.privacy.sampling import SAMPLERS, PoissonSampler, SlotCount
 from dpgrpo.privacy.seeds import derive_seed
 from dpgrpo.rundir.layout import RunDir
 from dpgrpo.training.distributed import DistContext, barrier, broadcast_object, device_for
@@ -246,7 +246,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
         chooser = ProblemChooser(config.data.per_contributor,
                                  seed=derive_seed(seed, "chooser", ctx.rank))
     return RunState(config=config, run_dir=run_dir, device=device, slots=slots, public=public,
-                    sampler=PoissonSampler(n, q, seed=seed),
+                    sampler=SAMPLERS[config.train.batch_sampling](n, q, seed=seed),
                     noise=NoiseSource(seed=derive_seed(seed, "noise")),
                     policy=policy, optimizer=optimizer, task=task,
                     num_canaries=config.audit.canaries, n_source=count.source,
