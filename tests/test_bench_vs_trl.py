@@ -130,3 +130,78 @@ def test_pool_leaves_out_an_evaluation_still_being_written_and_says_so(tmp_path)
     assert out["over_runs"]["trl"]["accuracy_per_run"] == [0.75]
     [left_out] = out["incomplete_runs_left_out"]
     assert "running" in left_out and "2 of 4 problems" in left_out
+
+
+# --- --runs K (vs_trl_runs.py): the campaign's schedule and report ------------------------
+
+import vs_trl_runs  # noqa: E402
+
+
+def test_runs_take_turns_fewest_first_and_never_two_trl_runs_at_once():
+    pick = vs_trl_runs.next_variant
+    wanted = ["trl-nodrop", "dpgrpo-nodrop-fixed"]
+    assert pick(wanted, {}, [], 12) == "trl-nodrop"                  # ties: the given order
+    assert pick(wanted, {}, ["trl-nodrop"], 12) == "dpgrpo-nodrop-fixed"
+    # the other slot keeps running dpgrpo while TRL runs: TRL's peak RSS twice does not fit
+    assert pick(wanted, {"dpgrpo-nodrop-fixed": 5}, ["trl-nodrop"], 12) == "dpgrpo-nodrop-fixed"
+    assert pick(wanted, {"trl-nodrop": 3, "dpgrpo-nodrop-fixed": 1}, [], 12) == \
+        "dpgrpo-nodrop-fixed"
+    assert pick(wanted, {"trl-nodrop": 12, "dpgrpo-nodrop-fixed": 11},
+                ["dpgrpo-nodrop-fixed"], 12) is None                   # K reached by all
+    assert pick(["trl", "trl-nodrop"], {}, ["trl"], 12) is None       # both TRL: wait
+
+
+def _record(variant: str, correct: list[bool], started: float, version: str = "v1") -> dict:
+    return {"variant": variant, "commit": version, "started": started, "correct": correct,
+            "accuracy": sum(correct) / len(correct), "seconds_per_step": [1.0, 2.0],
+            "peak_rss_bytes": 10**9, "telemetry": [{"reward_mean": 0.2, "cap_rate": 0.8},
+                                                   {"reward_mean": 0.4, "cap_rate": 0.5}]}
+
+
+def test_the_report_counts_failing_runs_and_tests_them_against_trl():
+    n = 100
+    trl = [_record("trl-nodrop", [i < 90 + k for i in range(n)], k) for k in range(8)]
+    bimodal = [_record("dpgrpo-nodrop-fixed", [i < (95 if k % 2 else 40) for i in range(n)],
+                       k + 0.5) for k in range(8)]
+    out = vs_trl_runs.report(trl + bimodal)["variants"]
+    mine = out["dpgrpo-nodrop-fixed"]
+    assert mine["runs"] == 8 and mine["below_83"] == 4 and out["trl-nodrop"]["below_83"] == 0
+    assert mine["accuracy_mean"] == pytest.approx(0.675)
+    assert mine["reward_per_round"] == pytest.approx([0.2, 0.4])
+    assert mine["cap_rate_per_round"] == pytest.approx([0.8, 0.5])
+    against = mine["against"]
+    assert against["versus"] == "trl-nodrop" and against["below_83"] == [4, 8, 0, 8]
+    assert against["fisher_p"] == pytest.approx(0.0769, abs=1e-3)    # 4/8 vs 0/8
+    diff = against["accuracy_minus_reference"]
+    assert diff["mean"] == pytest.approx(0.675 - 0.935)
+    assert diff["ci95"][1] < 0                     # the lower mode is far below every TRL run
+    lo, hi = mine["accuracy"]["ci95"]              # runs resampled: wide, as the runs differ
+    assert hi - lo > 0.3
+
+
+def test_the_report_pools_one_code_version_unless_asked():
+    old = [_record("trl", [True, False], 1.0, "old")]
+    new = [_record("trl", [True, True], 2.0, "new")]
+    assert vs_trl_runs.report(old + new)["variants"]["trl"]["runs"] == 1
+    assert vs_trl_runs.report(old + new)["commit"] == "new"
+    assert vs_trl_runs.report(old + new, any_commit=True)["variants"]["trl"]["runs"] == 2
+
+
+def test_records_accumulate_from_finished_runs_only(tmp_path):
+    done = tmp_path / "runs" / "trl" / "a"
+    done.mkdir(parents=True)
+    vs_trl_runs.write_record(done, _record("trl", [True], 1.0))
+    (tmp_path / "runs" / "trl" / "b").mkdir()                        # still running
+    found = vs_trl_runs.records(tmp_path)
+    assert [r["path"] for r in found] == ["runs/trl/a"]
+    assert not (done / "record.json.tmp").exists()
+
+
+def test_every_dpgrpo_variant_names_a_trl_counterpart_and_valid_overrides():
+    import dpgrpo
+
+    for name, variant in vs_trl_runs.VARIANTS.items():
+        if variant.library == "dpgrpo":
+            assert vs_trl_runs.VARIANTS[variant.versus].library == "trl", name
+            dpgrpo.from_trl_config(vs_trl.TRL_OPTIONS, overrides={
+                "train.arm": "non-private", **variant.sets}).config()   # loads, or raises

@@ -135,3 +135,31 @@ def test_inclusion_frequency_at_small_q_within_a_binomial_interval():
     count = PoissonSampler(n, q, entropy=lambda k: keystream(key, bytes(16), k)).sample().size
     assert abs(count - n * q) <= 6 * math.sqrt(n * q * (1 - q))
     assert small_q_frequency_z() <= 6
+
+
+def test_fixed_size_sampler_draws_exactly_qn_distinct_slots_uniformly():
+    """train.batch_sampling = "fixed" (non-private arm, TRL's batch): 8 of 40 slots every
+    round, each slot in 8/40 of 5,000 rounds within a binomial interval (sd 0.0057)."""
+    from dpgrpo.privacy.sampling import SAMPLERS, FixedSizeSampler
+
+    sampler = SAMPLERS["fixed"](40, 0.2)
+    assert isinstance(sampler, FixedSizeSampler) and sampler.batch_size == 8
+    x = np.zeros((5_000, 40))
+    for t in range(5_000):
+        drawn = sampler.sample()
+        assert len(drawn) == 8 and len(set(drawn.tolist())) == 8
+        assert list(drawn) == sorted(drawn)
+        x[t, drawn] = 1.0
+    assert np.abs(x.mean(axis=0) - 0.2).max() < 5 * math.sqrt(0.2 * 0.8 / 5_000)
+    assert not (FixedSizeSampler(40, 0.2).sample() == FixedSizeSampler(40, 0.2).sample()).all()
+
+
+def test_a_fixed_size_batch_is_refused_under_a_private_arm():
+    """The certificate's bound is for Poisson sampling: "fixed" is for the non-private arm."""
+    from dpgrpo.config import RunConfig, TrainConfig
+
+    cfg = RunConfig(train=TrainConfig(arm="non-private", batch_sampling="fixed"))
+    assert cfg.train.batch_sampling == "fixed"
+    for arm in ("dp-grpo", "zero-advantage"):
+        with pytest.raises(PrivacyBudgetError, match="Poisson"):
+            RunConfig(train=TrainConfig(arm=arm, batch_sampling="fixed"))
