@@ -245,6 +245,34 @@ def test_a_warm_start_on_the_private_training_data_is_refused(tiny_model_dir: Pa
         str((tmp_path / "w" / "warm-start" / "release").resolve())}
 
 
+def test_a_warm_start_is_compared_with_the_study_by_content(tmp_path: Path) -> None:
+    """Issue 56: another task name is not enough. A warm start whose training questions are in
+    the study's training set (up to case, whitespace or a shared 13-word run) is refused with
+    the count (PublicDataError); one holding eval questions is refused too (ConfigError); a
+    disjoint one is accepted."""
+    from dpgrpo.config import load_config
+    from dpgrpo.errors import ConfigError, PublicDataError
+    from dpgrpo.experiments.study import check_public_warm_start
+    from dpgrpo.tasks import load_problems
+
+    study = load_config(None, ["data.task=arithmetic"])
+    warm = ["train.arm=non-private-gold-sft", "privacy.noise_multiplier=none"]
+    level2 = load_config(None, [*warm, "data.task=arithmetic-2", "data.limit=100"])
+    with pytest.raises(PublicDataError, match=r"\('arithmetic-2', split 'train'\): 17 of its 100 "
+                                              r"questions are in the study's private training"):
+        check_public_warm_start(level2, study, "eval")
+    evals = [p.question for p in load_problems("arithmetic", "eval")]
+    rows = [evals[1].upper(), "  " + evals[3], "How many legs do 3 spiders have?"]  # eval only
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "train.jsonl").write_text("".join(
+        json.dumps({"question": q, "answer": "1\n#### 1"}) + "\n" for q in rows))
+    held = load_config(None, [*warm, "data.task=gsm8k", f"data.data_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="2 of its 3 questions are in the study's eval set"):
+        check_public_warm_start(held, study, "eval")
+    check_public_warm_start(load_config(None, [*warm, "data.task=arithmetic-proxy"]), study,
+                            "eval")
+
+
 def test_steps_keep_the_time_of_the_run_that_did_the_work(tmp_path: Path) -> None:
     from dpgrpo.experiments.study import Steps
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpgrpo.config import load_config
-from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.errors import ConfigError, PrivacyError, PublicDataError
 from dpgrpo.experiments.tune import (
     GridPoint,
     TuneSettings,
@@ -32,16 +32,47 @@ def _private(tmp_path: Path, *extra: str):
     return folder, load_config(None, ["data.task=gsm8k", f"data.data_dir={folder}", *extra])
 
 
+def _public(tmp_path: Path, questions: list[str]) -> Path:
+    """A GSM8K-format public folder with ``questions`` in its train and eval splits."""
+    folder = tmp_path / "public"
+    (folder / "gsm8k").mkdir(parents=True, exist_ok=True)
+    rows = "".join(json.dumps({"question": q, "answer": "1\n#### 1"}) + "\n" for q in questions)
+    for split in ("train", "test"):
+        (folder / "gsm8k" / f"{split}.jsonl").write_text(rows)
+    return folder
+
+
 def test_the_proxy_may_not_be_the_private_data(tmp_path):
     folder, config = _private(tmp_path, "data.n_slots=40")
     with pytest.raises(PrivacyError, match="private run's own data"):
         check_proxy(config, TuneSettings(proxy="gsm8k"))
     with pytest.raises(PrivacyError, match="private run's own data"):
         check_proxy(config, TuneSettings(proxy="gsm8k", proxy_data_dir=str(folder / ".")))
-    check_proxy(config, TuneSettings(proxy="gsm8k", proxy_data_dir=str(tmp_path / "public")))
+    public = _public(tmp_path, [f"Public {i}: what is {i} + 2?" for i in range(20)])
+    check_proxy(config, TuneSettings(proxy="gsm8k", proxy_data_dir=str(public)))
     check_proxy(config, TuneSettings(proxy="arithmetic-2"))
     arithmetic = load_config(None, ["data.task=arithmetic"])
-    check_proxy(arithmetic, TuneSettings(proxy="arithmetic"))   # generated from a public seed
+    with pytest.raises(PrivacyError, match="own \\(generated\\) task"):  # issue 56: it was accepted
+        check_proxy(arithmetic, TuneSettings(proxy="arithmetic"))
+    check_proxy(arithmetic, TuneSettings(proxy="arithmetic-proxy"))   # disjoint by content
+
+
+def test_a_proxy_holding_private_questions_is_refused_by_content(tmp_path):
+    """Another name is not enough (issue 56): a proxy whose questions are in the private
+    training set, up to case and whitespace or by a shared 13-word run, is refused with the
+    count; a disjoint one is accepted."""
+    _, config = _private(tmp_path, "data.n_slots=40")
+    copies = ["SECRET 3:  what is 3 + 1", "secret 17: What is 17 + 1?",
+              "Secret 29: what is 29 + 1?"]
+    public = _public(tmp_path, copies + [f"Public {i}: what is {i} + 2?" for i in range(27)])
+    with pytest.raises(PublicDataError, match=r"proxy 'gsm8k', split 'train': 3 of its 30 "
+                                              r"questions are in the private training set"):
+        check_proxy(config, TuneSettings(proxy="gsm8k", proxy_data_dir=str(public)))
+    # level 2 draws level 1's sums of 2..5 too: 137 of its 1,000 training questions (34 word
+    # for word) are in the private arithmetic training split
+    arithmetic = load_config(None, ["data.task=arithmetic"])
+    with pytest.raises(PublicDataError, match="137 of its 1000 questions .*; 34 equal"):
+        check_proxy(arithmetic, TuneSettings(proxy="arithmetic-2"))
 
 
 def test_n_comes_from_the_config_never_from_the_private_file(tmp_path):
@@ -71,7 +102,7 @@ def test_the_proxy_run_keeps_n_delta_and_T_and_recalibrates_sigma(tmp_path):
     assert cfg.model.lora_train == "B" and cfg.privacy.expected_batch == 6
 
 
-def test_tune_trains_on_the_proxy_and_never_opens_the_private_data(tiny_model_dir, tmp_path):
+def test_tune_opens_the_private_data_only_to_compare_it(tiny_model_dir, tmp_path, monkeypatch):
     folder, _ = _private(tmp_path)
     toml = tmp_path / "private.toml"
     toml.write_text(f"""
@@ -99,18 +130,28 @@ all = []
 ffa = ["model.lora_train=B", "train.learning_rate=3e-2"]
 """)
     config, settings = load_tune(toml)
-    opened: list[str] = []
+    opened: list[tuple[str, bool]] = []
     private = str(folder.resolve())
+    checking = [False]
 
     def hook(event: str, args: tuple) -> None:
         if event == "open" and isinstance(args[0], (str, bytes, Path)):
             path = str(Path(args[0] if not isinstance(args[0], bytes) else args[0].decode()))
             if path.startswith(private) or str(Path(path).resolve()).startswith(private):
-                opened.append(path)
+                opened.append((path, checking[0]))
 
+    def check(*args):
+        checking[0] = True
+        try:
+            return check_proxy(*args)
+        finally:
+            checking[0] = False
+
+    monkeypatch.setattr("dpgrpo.experiments.tune.check_proxy", check)
     sys.addaudithook(hook)  # cannot be removed: it only records, and only the private folder
     result = run_tune(config, settings, tmp_path / "tune")
-    assert opened == []
+    # the content check (issue 56) reads the private training file; nothing else opens it
+    assert opened and all(during_check for _, during_check in opened)
     data = json.loads((tmp_path / "tune" / "tune.json").read_text())
     assert data["privacy_cost"].startswith("zero") and data["n"] == 40
     assert [p["name"] for p in data["points"]] == ["all", "ffa"]

@@ -44,6 +44,12 @@ class PrivacyBudgetError(PrivacyError, ValueError):
     """The requested (epsilon, delta) cannot be met, or accounting parameters are invalid."""
 
 
+class PublicDataError(PrivacyError):
+    """Data declared public (a warm start's training set, a tuning proxy) shares questions with
+    the private training set, compared by content (:mod:`dpgrpo.privacy.public_data`): it would
+    be used outside the mechanism, where no certificate covers it."""
+
+
 class ReleaseError(PrivacyError):
     """Something private (generator states, telemetry) would be written into a release."""
 

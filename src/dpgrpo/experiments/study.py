@@ -149,7 +149,9 @@ def check_public_warm_start(warm: RunConfig, study: RunConfig, eval_split: str) 
     The warm start's adapter is released inside every arm's adapter and is not covered by their
     certificates, so it must come from public data only: another task, or another split of the
     same task (the same task and split is the private training set itself). Its own eval split
-    is public but would be learned by heart before it is scored, so it is refused too."""
+    is public but would be learned by heart before it is scored, so it is refused too. Names are
+    not enough: its training questions are then compared by content with the study's training
+    set (PublicDataError) and eval set (ConfigError), by :mod:`dpgrpo.privacy.public_data`."""
     if warm.data.task == study.data.task and warm.data.split == study.data.split:
         raise PrivacyError(
             f"study.warm_start trains on the study's own training data (task "
@@ -162,6 +164,22 @@ def check_public_warm_start(warm: RunConfig, study: RunConfig, eval_split: str) 
     if warm.model.init_adapter is not None:
         raise ConfigError("study.warm_start starts from model.init_adapter itself: give the "
                           "warm start a fresh adapter")
+    _check_warm_start_content(warm, study, eval_split)
+
+
+def _check_warm_start_content(warm: RunConfig, study: RunConfig, eval_split: str) -> None:
+    """The warm start's training questions hold none of the study's training or eval set."""
+    from dpgrpo.privacy.public_data import check_disjoint, split_questions, training_questions
+
+    public, task = training_questions(warm), study.data.task
+    what = f"study.warm_start's training data ({warm.data.task!r}, split {warm.data.split!r})"
+    check_disjoint(public, training_questions(study), what=what,
+                   against=f"the study's private training set ({task!r}, {study.data.split!r})")
+    check_disjoint(public, split_questions(task, eval_split, study.data.data_dir,
+                                           study.data.source),
+                   what=what, against=f"the study's eval set ({task!r}, {eval_split!r})",
+                   error=ConfigError, reason="the arms would be scored on problems their start "
+                                             "has seen")
 
 
 def _warm_start_train(st: _Study, steps: Steps) -> dict[str, Any]:

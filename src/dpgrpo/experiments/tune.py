@@ -4,12 +4,12 @@ Tuning on the private data is not covered by the guarantee (Papernot & Steinke, 
 the choice itself leaks). So every grid point here is trained and scored on a PUBLIC proxy
 task, under the private run's own mechanism: the same n (as public slots of the proxy), the
 same epsilon and delta, T, and sigma calibrated for each point's m exactly as the private run
-would calibrate it. Whatever this writes was computed without opening the private data, so
-its privacy cost is zero; the private run then uses the chosen point's settings.
+would calibrate it. Whatever this writes was computed from the proxy alone, so its privacy
+cost is zero; the private run then uses the chosen point's settings.
 
-The proxy must not be the private data: a proxy with the training task's name and data folder
-is refused, unless the task is generated offline from a public seed (the embedded arithmetic
-levels), whose every split is public by construction.
+The proxy must not be the private data: the training task's name (a generated task in any
+folder) or data folder is refused, and so is a proxy with any question found in the private
+training set by content (:mod:`dpgrpo.privacy.public_data`; that set is read only to compare).
 
 Layout of the output folder OUT::
 
@@ -169,19 +169,33 @@ def private_slots(config: RunConfig) -> int:
 
 
 def check_proxy(config: RunConfig, settings: TuneSettings) -> None:
-    """Refuse a proxy that is the private data (PrivacyError), unless it is generated."""
+    """Refuse a proxy that is, or holds, the private training data (PrivacyError).
+
+    By name: the private task itself (for a generated task any data folder gives the same
+    problems), or the private run's data folder. By content: any question of the proxy's train
+    or eval split that is in the private training set by the public rule of
+    :mod:`dpgrpo.privacy.public_data` (PublicDataError, with the count and two examples)."""
+    from dpgrpo.privacy.public_data import check_disjoint, split_questions, training_questions
     from dpgrpo.tasks import get_task
 
     proxy = get_task(settings.proxy)
-    if not proxy.needs_data_dir:
-        return  # generated offline from a public seed: every split is public
     same_dir = (settings.proxy_data_dir is not None and config.data.data_dir is not None
                 and Path(settings.proxy_data_dir).resolve() == Path(config.data.data_dir).resolve())
-    if same_dir or (settings.proxy == config.data.task and settings.proxy_data_dir is None):
+    same_task = settings.proxy == config.data.task and (
+        not proxy.needs_data_dir or settings.proxy_data_dir is None or same_dir)
+    if same_dir or same_task:
+        where = (f"reads {settings.proxy_data_dir or config.data.data_dir}"
+                 if proxy.needs_data_dir else "is the private run's own (generated) task")
         raise PrivacyError(
-            f"proxy {settings.proxy!r} reads {settings.proxy_data_dir or config.data.data_dir}: "
-            "that is the private run's own data, and choosing settings on it is not covered by "
-            "the guarantee; give a public proxy (another task or another --proxy-data-dir)")
+            f"proxy {settings.proxy!r} {where}: that is the private run's own data, and "
+            "choosing settings on it is not covered by the guarantee; give a public proxy "
+            "(another task or another --proxy-data-dir)")
+    private = training_questions(config)  # read only to compare; nothing from it is written
+    for split in dict.fromkeys(("train", settings.eval_split)):
+        check_disjoint(split_questions(settings.proxy, split, settings.proxy_data_dir),
+                       private, what=f"proxy {settings.proxy!r}, split {split!r}",
+                       against=f"the private training set ({config.data.task!r}, split "
+                               f"{config.data.split!r})")
 
 
 def proxy_config(config: RunConfig, settings: TuneSettings, point: GridPoint, n: int
@@ -343,7 +357,8 @@ class TuneResult:
 def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
              progress: Callable[[str], None] | None = None) -> TuneResult:
     """Train and score every grid point on the proxy; choose the best proxy accuracy (ties:
-    the earlier point); write ``tune.json`` and ``chosen.toml``. Never reads the private data."""
+    the earlier point); write ``tune.json`` and ``chosen.toml``. The private data is read only by
+    :func:`check_proxy`'s comparison, before any run."""
     from dpgrpo.rundir.atomic import atomic_write_json, atomic_write_text
     from dpgrpo.rundir.lock import RunLock
 
@@ -371,8 +386,9 @@ def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
               "seeds": settings.seeds,
               "base_accuracy": base, "chosen": best.name,
               "chosen_overrides": list(best.overrides),
-              "privacy_cost": "zero: every run trained and scored on the public proxy; the "
-                              "private data was never opened (n came from the config)",
+              "privacy_cost": "zero: every run trained and scored on the public proxy, "
+                              "which shares no question with the private training set "
+                              "(compared by content before any run); n came from the config",
               "points": [asdict(p) for p in points]}
     atomic_write_json(out / "tune.json", report)
     return TuneResult(out, base, points, best.name, chosen_path, report)
@@ -401,7 +417,8 @@ def _chosen_header(settings: TuneSettings, best: PointResult) -> str:
     sets = " ".join(f"--set {o}" for o in best.overrides) or "(no overrides: the config as given)"
     return (f"# Chosen by `dpgrpo tune` on the public proxy {settings.proxy!r} at the private "
             f"run's budget (point {best.name!r}: {sets}).\n# Privacy cost of the choice: zero "
-            "(the private data was never opened). The [protocol] and [study] tables of the "
+            "(trained and scored on the proxy only; it shares no question with the private "
+            "training set). The [protocol] and [study] tables of the "
             "original file are not repeated here.\n\n")
 
 

@@ -39,6 +39,18 @@ _PEOPLE = [("Tom", "he"), ("Sara", "she"), ("Liam", "he"), ("Emma", "she"), ("No
 _ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books", "cards", "flowers",
           "stamps", "shells", "balloons", "candies", "beads", "eggs", "oranges", "crayons",
           "coins", "buttons", "cupcakes", "toy cars"]
+#: the names and items of ``arithmetic-proxy``: none of them is a word of the lists above, so
+#: no proxy question equals, or shares 13 consecutive words with, a question of the other
+#: tasks (every window of 13 words of a level-1 question holds a name or an item)
+_PROXY_PEOPLE = [("Adam", "he"), ("Beth", "she"), ("Carl", "he"), ("Dina", "she"),
+                 ("Evan", "he"), ("Faye", "she"), ("Gus", "he"), ("Hana", "she"), ("Ian", "he"),
+                 ("Jade", "she"), ("Karl", "he"), ("Lucy", "she"), ("Max", "he"),
+                 ("Nina", "she"), ("Owen", "he"), ("Rosa", "she")]
+_PROXY_ITEMS = ["pears", "erasers", "ribbons", "pebbles", "muffins", "comics", "postcards",
+                "tulips", "badges", "feathers", "kites", "lollipops", "rings", "plums", "lemons",
+                "markers", "tokens", "bracelets", "donuts", "puzzles"]
+#: which names and items a task draws from: "default" or "proxy"
+VOCABULARIES = {"default": (_PEOPLE, _ITEMS), "proxy": (_PROXY_PEOPLE, _PROXY_ITEMS)}
 
 # A template draws its numbers and returns (question, solution steps, answer).
 Template = Callable[[random.Random, str, str, str, int], tuple[str, list[str], int]]
@@ -117,21 +129,27 @@ _LEVELS: dict[int, tuple[list[Template], float, int]] = {
 }
 
 
-def _draw(rng: random.Random, difficulty: int) -> tuple[str, str, int]:
+def _draw(rng: random.Random, difficulty: int, vocabulary: str = "default"
+          ) -> tuple[str, str, int]:
     one_step, p_two, top = _LEVELS[difficulty]
+    people, items = VOCABULARIES[vocabulary]
     template = rng.choice(_TWO_STEP) if rng.random() < p_two else rng.choice(one_step)
-    name, he = rng.choice(_PEOPLE)
-    question, steps, answer = template(rng, name, he, rng.choice(_ITEMS), top)
+    name, he = rng.choice(people)
+    question, steps, answer = template(rng, name, he, rng.choice(items), top)
     return question, "\n".join([*steps, answer_sentence(str(answer))]), answer
 
 
 def generate_problems(split: str, n: int | None = None, *, seed: int | None = None,
                       difficulty: int = DEFAULT_DIFFICULTY,
-                      exclude: set[str] | None = None) -> list[Problem]:
+                      exclude: set[str] | None = None,
+                      vocabulary: str = "default") -> list[Problem]:
     """``n`` distinct problems of ``split`` from ``seed`` (defaults: the split's size and seed),
-    skipping any question in ``exclude``. Deterministic for fixed arguments."""
+    skipping any question in ``exclude``, with the names and items of ``vocabulary``
+    (:data:`VOCABULARIES`). Deterministic for fixed arguments."""
     if difficulty not in _LEVELS:
         raise ConfigError(f"difficulty must be one of {sorted(_LEVELS)}, got {difficulty}")
+    if vocabulary not in VOCABULARIES:
+        raise ConfigError(f"vocabulary must be one of {sorted(VOCABULARIES)}, got {vocabulary!r}")
     n = DEFAULT_SIZES.get(split, 0) if n is None else n
     if n <= 0:
         raise ConfigError(f"need a positive problem count for split {split!r}, got {n}")
@@ -139,7 +157,7 @@ def generate_problems(split: str, n: int | None = None, *, seed: int | None = No
     seen = set(exclude or ())
     problems: list[Problem] = []
     for _ in range(1000 * n):
-        question, solution, answer = _draw(rng, difficulty)
+        question, solution, answer = _draw(rng, difficulty, vocabulary)
         if question in seen:
             continue
         seen.add(question)
@@ -151,7 +169,7 @@ def generate_problems(split: str, n: int | None = None, *, seed: int | None = No
 
 
 def _loader(split: str, difficulty: int, sizes: dict[str, int],
-            seeds: dict[str, int] | None = None):
+            seeds: dict[str, int] | None = None, vocabulary: str = "default"):
     seeds = seeds or SEEDS
 
     def load(data_dir: str | Path | None = None, *, skip_invalid: bool = False,
@@ -161,9 +179,11 @@ def _loader(split: str, difficulty: int, sizes: dict[str, int],
         exclude = None
         if split == "eval":  # disjoint from the train split built with the same settings
             exclude = {p.question for p in generate_problems(
-                "train", sizes["train"], seed=seeds["train"], difficulty=difficulty)}
+                "train", sizes["train"], seed=seeds["train"], difficulty=difficulty,
+                vocabulary=vocabulary)}
         return LoadedSplit(generate_problems(split, sizes[split], seed=seeds[split],
-                                             difficulty=difficulty, exclude=exclude))
+                                             difficulty=difficulty, exclude=exclude,
+                                             vocabulary=vocabulary))
 
     return load
 
@@ -202,14 +222,17 @@ ARITHMETIC_LEVELS = {level: register_task(replace(
 
 #: seeds of ``arithmetic-proxy``: level 1 drawn again, none of them a seed of ``arithmetic``
 PROXY_SEEDS = {"train": 2, "eval": 3}
-#: ``arithmetic-proxy``: the level-1 task under other public seeds, for choosing settings of
-#: a run on ``arithmetic`` (``dpgrpo tune --proxy arithmetic-proxy``) without reading its
-#: splits. Its problems come from the same templates, so some questions recur in both tasks;
-#: every one of them is public (generated from a public seed), and the proxy's eval split is
-#: disjoint from its own train split.
+#: ``arithmetic-proxy``: the level-1 templates and numbers with other names and items
+#: (``VOCABULARIES["proxy"]``) under other public seeds, for choosing settings of a run on
+#: ``arithmetic`` (``dpgrpo tune --proxy arithmetic-proxy``). No proxy question equals or shares
+#: 13 consecutive words with a question of ``arithmetic`` (disjoint by construction, and checked
+#: by content before tuning: :mod:`dpgrpo.privacy.public_data`). Until 2026-12-05 it used the
+#: same names and items, and 189 of its 1,000 training questions were word for word in
+#: ``arithmetic``'s training split. Its eval split is disjoint from its own train split.
 ARITHMETIC_PROXY = register_task(replace(
     ARITHMETIC, name="arithmetic-proxy",
-    splits={s: _loader(s, DEFAULT_DIFFICULTY, DEFAULT_SIZES, PROXY_SEEDS)
+    splits={s: _loader(s, DEFAULT_DIFFICULTY, DEFAULT_SIZES, PROXY_SEEDS, "proxy")
             for s in DEFAULT_SIZES},
-    description="embedded arithmetic word problems, level 1 under other public seeds (train 2, "
-                "eval 3): a proxy for tuning runs on the level-1 task"))
+    description="embedded arithmetic word problems, level 1 with other names and items under "
+                "other public seeds (train 2, eval 3): a proxy for tuning runs on the level-1 "
+                "task that shares none of its questions"))
