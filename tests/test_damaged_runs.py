@@ -198,7 +198,7 @@ def test_the_invariant_guard_stops_an_under_count(run_dir, monkeypatch):
     the resume stops before writing anything instead of certifying less."""
     from dpgrpo.errors import LedgerError
 
-    monkeypatch.setattr(trainer, "reconcile", lambda journal, evidence, start: None)
+    monkeypatch.setattr(trainer, "reconcile", lambda journal, evidence, start, **bounds: None)
     for name in JOURNALS:
         (run_dir / "recovery" / name).unlink()
     release = (run_dir / "release" / "certificate.json").read_bytes()

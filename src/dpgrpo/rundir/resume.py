@@ -13,6 +13,12 @@ file), the missing rounds are charged at the run's (q, sigma) with one ``recover
 names the record proving them. Records that disagree with the run's (q, sigma) stop the resume
 (:class:`~dpgrpo.errors.LedgerError`): a contradiction never becomes a smaller epsilon.
 
+Only the journal proves the rounds run after the newest other record. When neither journal
+file reaches that record (both lost, cut, garbled or rolled back: issue 56), :func:`reconcile`
+charges the most rounds that can have run after it, :func:`most_rounds_past`: up to and
+including the next checkpoint's round (a kill while that checkpoint is written leaves
+``train.checkpoint_every`` rounds run past the last one), never past ``train.rounds``.
+
 Before any certificate is written, :func:`check_charged` enforces
 ``rounds_charged >= rounds_retained``.
 """
@@ -86,10 +92,12 @@ def as_written(data: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Evidence:
-    """A lower bound on the rounds charged, and the record it comes from."""
+    """A lower bound on the rounds charged, the record it comes from, and the round the run
+    had reached when that record was written (None: the record does not say)."""
 
     rounds: int
     source: str
+    reached: int | None = None
 
 
 def _json(path: Path) -> Any:
@@ -124,60 +132,94 @@ def gather_evidence(run_dir: Path, q: float, sigma: float,
     """Every record besides the journal that bounds the rounds charged from below."""
     recovery, found = RunDir(run_dir).recovery, []
 
-    def add(rounds: Any, source: str) -> None:
+    def add(rounds: Any, source: str, reached: Any = None) -> None:
         if isinstance(rounds, int) and rounds > 0:
-            found.append(Evidence(rounds, source))
+            found.append(Evidence(rounds, source, reached if isinstance(reached, int) else None))
 
     for step in checkpoint_dirs(recovery):
         meta = _json(step / "meta.json")
         if isinstance(meta, dict):
-            add(meta.get("round_done"), f"{step.name} (round reached)")
+            done = meta.get("round_done")
+            add(done, f"{step.name} (round reached)", done)
             add(_ledger_rounds(meta.get("ledger"), str(step / "meta.json"), q, sigma),
-                f"{step.name} (its ledger)")
+                f"{step.name} (its ledger)", done)
     if restored is not None:
-        add(restored.round_done, f"{restored.path.name} (round reached)")
+        done = restored.round_done
+        add(done, f"{restored.path.name} (round reached)", done)
         add(_ledger_rounds(restored.state.get("ledger"), str(restored.path / "state.pt"), q,
-                           sigma), f"{restored.path.name}/state.pt (its ledger)")
-    add(_ledger_rounds(_json(recovery / "ledger.json"), str(recovery / "ledger.json"), q, sigma),
-        "recovery/ledger.json")
+                           sigma), f"{restored.path.name}/state.pt (its ledger)", done)
     cert = _json(RunDir(run_dir).certificate_path)
-    if isinstance(cert, dict):
-        if {"q", "sigma"} <= cert.keys() and (cert["q"], cert["sigma"]) != (q, sigma):
-            raise LedgerError(f"{run_dir / 'release' / 'certificate.json'} certifies q = "
-                              f"{cert.get('q')}, sigma = {cert.get('sigma')} but the run's config "
-                              f"gives q = {q}, sigma = {sigma}: the run's records contradict "
-                              "each other")
-        add(cert.get("rounds_charged"), "release/certificate.json (rounds_charged)")
-        add(cert.get("rounds_retained"), "release/certificate.json (rounds_retained)")
-    add(_telemetry_rows(recovery / "telemetry.jsonl"), "recovery/telemetry.jsonl (rows)")
+    cert = cert if isinstance(cert, dict) else {}
+    if {"q", "sigma"} <= cert.keys() and (cert["q"], cert["sigma"]) != (q, sigma):
+        raise LedgerError(f"{run_dir / 'release' / 'certificate.json'} certifies q = "
+                          f"{cert.get('q')}, sigma = {cert.get('sigma')} but the run's config "
+                          f"gives q = {q}, sigma = {sigma}: the run's records contradict "
+                          "each other")
+    retained = cert.get("rounds_retained")
+    add(cert.get("rounds_charged"), "release/certificate.json (rounds_charged)", retained)
+    add(retained, "release/certificate.json (rounds_retained)", retained)
+    ledger = _ledger_rounds(_json(recovery / "ledger.json"), str(recovery / "ledger.json"), q,
+                            sigma)  # written with the certificate: its round when they agree
+    add(ledger, "recovery/ledger.json", retained if ledger == cert.get("rounds_charged") else None)
+    add(*_telemetry_rows(recovery / "telemetry.jsonl"))
     return found
 
 
-def _telemetry_rows(path: Path) -> int:
-    """Rows of executed rounds (each executed round adds one row at its checkpoint)."""
+def _telemetry_rows(path: Path) -> tuple[int, str, int | None]:
+    """Rows of executed rounds (each executed round adds one row at its checkpoint), the
+    source, and the newest row's round (the checkpoint that wrote it)."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return 0
-    rows = 0
+        return 0, "", None
+    rows, newest = 0, None
     for line in raw.splitlines():
         try:
-            rows += isinstance(json.loads(line), dict)
+            row = json.loads(line)
         except (UnicodeDecodeError, json.JSONDecodeError):
             continue
-    return rows
+        if isinstance(row, dict):
+            rows += 1
+            if isinstance(row.get("round"), int):
+                newest = max(row["round"], newest or 0)
+    return rows, "recovery/telemetry.jsonl (rows)", newest
 
 
-def reconcile(journal: PrivacyJournal, evidence: list[Evidence], next_round: int) -> str | None:
-    """Charge rounds that other records prove but the journal lacks; return a note if any."""
-    if not evidence:
-        return None
-    best = max(evidence, key=lambda e: e.rounds)
-    missing = best.rounds - journal.rounds
+def most_rounds_past(reached: int, checkpoint_every: int, rounds: int) -> int:
+    """The most rounds that can have touched data after a record written at round ``reached``
+    with no newer checkpoint: every round up to and including the next checkpoint's (a kill
+    while it is written), none past ``train.rounds`` (T)."""
+    if reached >= rounds:
+        return 0
+    return min((reached // checkpoint_every + 1) * checkpoint_every, rounds) - reached
+
+
+def reconcile(journal: PrivacyJournal, evidence: list[Evidence], next_round: int, *,
+              checkpoint_every: int, rounds: int) -> str | None:
+    """Charge rounds that other records prove but the journal lacks; return a note if any.
+
+    A journal that charges fewer rounds than the best other record (or nothing, with no other
+    record) has lost its tail: it cannot say how many rounds ran after that record, so the
+    most that can have run, :func:`most_rounds_past` of the round the record was written at,
+    is charged on top (the earliest such round where records tie; ``next_round`` where a
+    record does not say). Charging more never lowers epsilon; charging less could.
+    """
+    best = max(evidence, key=lambda e: e.rounds, default=Evidence(0, "no other record", 0))
+    if journal.rounds >= best.rounds and journal.rounds > 0:
+        return None                                   # the journal proves every round run
+    tied = [e for e in evidence if e.rounds == best.rounds] or [best]
+    reached = min(next_round if e.reached is None else e.reached for e in tied)
+    past = most_rounds_past(reached, checkpoint_every, rounds)
+    missing = best.rounds + past - journal.rounds
     if missing <= 0:
         return None
+    worst = ("" if past == 0 else
+             f"; neither journal file proves how many rounds ran after round {reached}, so "
+             f"the most that can have run is charged: {past} (train.checkpoint_every = "
+             f"{checkpoint_every}, train.rounds = {rounds})")
     note = (f"{missing} charged rounds are missing from the journal ({journal.rounds} there, "
-            f"{best.rounds} proven by {best.source}); charged again at the run's (q, sigma)")
+            f"{best.rounds} proven by {best.source}{worst}); charged again at the run's "
+            "(q, sigma)")
     journal.record_recovered(missing, next_round, note)
     return note
 
@@ -214,5 +256,5 @@ def _release_intact(release: Path, cert: dict[str, Any]) -> bool:
     return True
 
 
-__all__ = ["Evidence", "check_charged", "gather_evidence", "read_run_config", "reconcile",
-           "release_is_current"]
+__all__ = ["Evidence", "check_charged", "gather_evidence", "most_rounds_past", "read_run_config",
+           "reconcile", "release_is_current"]
