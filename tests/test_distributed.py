@@ -167,3 +167,56 @@ def test_distributed_transport_reuses_the_mechanism_halves():
                  "noise_and_scale", "clip_sum_count", "start_round"):
         assert name not in src
     assert "all_reduce" in src and "broadcast" in src  # a transport, nothing more
+
+
+# --- issue 56, M16: the noise of a multi-process round is N(0, sigma^2 C^2), not less -------
+
+SIGMA_M16, CLIP_M16, QN_M16 = 1.3, 0.5, 8.0
+
+
+def _noise_worker(rank: int, world: int, port: int, model_dir: str, run_dir: str) -> None:
+    """A real W-rank training run whose per-prompt gradients are zeroed just before the
+    mechanism, so that each round's update is the noise rank 0 drew, divided by q*n."""
+    _env(rank, world, port)
+    import dpgrpo.training.trainer as trainer
+    from dpgrpo.config import apply_overrides, embedded_default
+
+    cfg = apply_overrides(embedded_default(), [
+        f"model.name={model_dir}", "model.device=cpu", "data.limit=40",
+        f"privacy.expected_batch={QN_M16}", f"privacy.noise_multiplier={SIGMA_M16}",
+        f"privacy.clip_norm={CLIP_M16}", "train.rounds=2", "train.group_size=2",
+        "train.max_new_tokens=3", "train.checkpoint_every=2"])
+    original, drawn = trainer.privatize, []
+
+    def zero_records(grads, **kwargs):  # the trainer's sigma, C, q*n, noise and transport
+        zeros = {k: torch.zeros_like(v) for k, v in grads.items()}
+        up = original(zeros, **kwargs)
+        drawn.append(torch.cat([v.detach().flatten().double() for v in up.update.values()]))
+        return up
+
+    trainer.privatize = zero_records
+    trainer.train(cfg, run_dir)
+    torch.save(drawn, os.path.join(os.path.dirname(run_dir), f"noise-{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_rank_zero_draws_the_full_noise_in_a_multi_process_run(tiny_model_dir, tmp_path, world):
+    """The noise std of a W-rank round is sigma*C: the clipped sum has sensitivity C whatever W
+    is, so sigma / sqrt(W) per rank (or on rank 0) would be sqrt(W) too little (M16)."""
+    port = _free_port()
+    run_dir = tmp_path / "run"
+    mp.spawn(_noise_worker, args=(world, port, str(tiny_model_dir), str(run_dir)), nprocs=world,
+             join=True)
+    updates = [torch.load(tmp_path / f"noise-{r}.pt") for r in range(world)]
+    assert len(updates[0]) == 2 and all(len(u) == 2 for u in updates)
+    for rank in range(1, world):  # rank 0's draw, applied by every rank
+        assert all(torch.equal(a, b) for a, b in zip(updates[0], updates[rank]))
+    z = torch.cat(updates[0]) * QN_M16      # the noise before the division by q*n
+    n, std = z.numel(), SIGMA_M16 * CLIP_M16
+    assert n >= 1000
+    # mean(z^2) / (sigma C)^2 of n iid N(0, (sigma C)^2) draws has sd sqrt(2/n): within 6 sd
+    # (a false failure ~1e-9), far from the 1/W that sigma / sqrt(W) would give
+    ratio = float(z.pow(2).mean()) / std**2
+    assert abs(ratio - 1) < 6 * (2 / n) ** 0.5 < (1 - 1 / world) / 2, (ratio, n)
+    assert abs(float(z.mean())) < 6 * std / n**0.5
