@@ -251,7 +251,9 @@ def test_a_hostile_completion_scores_zero_and_leaves_nothing(name, tests, scene,
     program = _program(name, scene, native_ext)
     result = run_tests(program, tests, LIMITS)
     assert not result.passed and result.status != "passed", (result.status, result.output)
-    assert result.seconds < LIMITS.timeout_s + 6
+    # killed at its limit, never waited out: the 'sleep' attack would take 60 s (an absolute
+    # timeout + 6 s bound failed on a loaded machine; the processes are checked below)
+    assert result.seconds < 30
     for path, content in scene["before"].items():
         assert path.read_bytes() == content, f"{path.name} changed"
     assert sorted(p.name for p in scene["dir"].iterdir()) == ["canary", "run"]

@@ -6,6 +6,7 @@ The attacks themselves are in test_hostile_completions.py.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -78,11 +79,40 @@ def test_the_tests_process_keeps_the_question_helpers_and_reaches_the_rest():
     assert remote_names(GOOD + "def abs(x):\n    return 0\nK = 1\n", "") == ["K", "f"]
 
 
+@pytest.fixture
+def started(monkeypatch):
+    """The marker argument (``dpgrpo-sandbox-<hex>``) of every sandboxed process started."""
+    markers: list[str] = []
+    original = sandbox.subprocess.Popen
+
+    def spy(command, *args, **kwargs):
+        markers.extend(m for arg in command for m in re.findall(r"dpgrpo-sandbox-[0-9a-f]{16}", arg))
+        return original(command, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox.subprocess, "Popen", spy)
+    return markers
+
+
+def _alive_with(markers: list[str]) -> list[int]:
+    """Live processes whose command line holds one of ``markers``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
+            except OSError:
+                continue
+            found += [int(entry.name)] if any(m in cmdline for m in markers) else []
+    return found
+
+
 @isolated
 @MODES
 def test_correct_code_passes_and_wrong_code_fails(tests):
-    ok = run_tests(GOOD, tests)
-    assert ok.passed and ok.status == "passed" and ok.returncode == 0 and ok.seconds < 5
+    # the verdict comes when the process ends, not at its deadline (120 s away: a bound no
+    # load reaches, where the old 5 s absolute bound failed on a busy machine)
+    ok = run_tests(GOOD, tests, SandboxLimits(timeout_s=120))
+    assert ok.passed and ok.status == "passed" and ok.returncode == 0 and ok.seconds < 60
     wrong = run_tests("def f(x):\n    return x + 2\n", tests)  # right for 2 only
     assert not wrong.passed and wrong.status == "failed" and "AssertionError" in wrong.output
     syntax = run_tests("def f(x):\n    return (\n", tests)
@@ -92,6 +122,32 @@ def test_correct_code_passes_and_wrong_code_fails(tests):
            "P = collections.namedtuple('P', 'a b')\nopen('scratch.txt', 'w').write('x')\n"
            "tempfile.mkdtemp()\nhashlib.md5(b'x').hexdigest()\n" + GOOD)
     assert run_tests(lib, tests).passed
+
+
+PASS_LINE = sandbox.PASSED_LINE.decode()
+FAKE_PASS = {  # wrong answers; the sandbox's own pass line ends the completion's output
+    "printed at import": f"print({PASS_LINE!r}, flush=True)\ndef f(x):\n    return -1\n",
+    "printed by each call": f"def f(x):\n    print({PASS_LINE!r}, flush=True)\n    return -1\n",
+    "on stderr": f"import sys\ndef f(x):\n    sys.stderr.write({PASS_LINE!r} + '\\n')\n"
+                 "    return -1\n",
+}
+
+
+@isolated
+@MODES
+@pytest.mark.parametrize("name", list(FAKE_PASS))
+def test_the_pass_line_the_completion_prints_is_not_a_verdict(tests, name):
+    """Issue 56, S01/S02: the verdict ignores the completion's output. A completion with
+    wrong answers that prints the tests process's pass line (``PASSED_LINE``) as the last line
+    of its output scores 0 in both modes."""
+    from dpgrpo.tasks.base import Problem
+    from dpgrpo.tasks.code import unit_tests
+
+    result = run_tests(FAKE_PASS[name], tests)
+    assert PASS_LINE in result.output  # the line was printed and reached the parent
+    assert not result.passed and result.status == "failed", (result.status, result.output)
+    response = f"```python\n{FAKE_PASS[name]}```"
+    assert not unit_tests(response, Problem("fake-pass", "", tests)).correct
 
 
 @isolated
@@ -112,18 +168,27 @@ def test_the_tests_process_sees_helpers_exceptions_and_tuples():
     assert not run_tests(shadow, tolerant, question=question).passed  # builtins stay trusted
 
 
+SLEEP_S = 600  # a completion that sleeps: only the wall-clock deadline can end it
+
+
 @isolated
 @MODES
-def test_limits_end_in_their_statuses(tests):
+def test_limits_end_in_their_statuses(tests, started):
+    """Each limit ends the run in its status and kills every process of it. No absolute
+    wall-clock bound (``seconds < timeout + 5`` failed on a loaded machine): the sleeper
+    (no CPU, so no RLIMIT_CPU) shows the deadline kills, by ending long before its sleep."""
     fast = SandboxLimits(timeout_s=1.0)
     cases = {"def f(x):\n    while True:\n        pass\n": "timeout",
+             f"import time\ndef f(x):\n    time.sleep({SLEEP_S})\n": "timeout",
              "def f(x):\n    block = bytearray(10**9)\n    return 2 * x\n": "memory",
              "print('x' * 10**7)\n" + GOOD: "output-limit",
              "import os\nos.system('true')\n" + GOOD: "forbidden"}
     for program, status in cases.items():
+        before = len(started)
         result = run_tests(program, tests, fast)
         assert not result.passed and result.status == status, (status, result)
-        assert result.seconds < fast.timeout_s + 5
+        assert result.seconds < SLEEP_S / 2     # killed at the deadline, never waited out
+        assert len(started) > before and _alive_with(started[before:]) == []  # all killed
 
 
 @isolated
