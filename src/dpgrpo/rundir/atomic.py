@@ -4,6 +4,9 @@ A file is written to a temporary name in its folder, fsynced and renamed over th
 reader sees the old or the new content, never a torn one; a full disk becomes
 :class:`~dpgrpo.errors.DiskFullError` with nothing half-written kept. Torch-free, so light
 modules (evaluation, reports, the CLI) can use it.
+
+Private files (everything under ``recovery/``) are the owner's only: written files are created
+0600 (``mkstemp``, :func:`append_lines`) and :func:`private_dir` makes their folder 0700.
 """
 
 from __future__ import annotations
@@ -120,11 +123,42 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) and set it to 0700, also when it existed with a
+    wider mode (a run directory written by an older dpgrpo); returns ``path``."""
+    with disk_full_guard(path):
+        path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+        if path.stat().st_mode & 0o777 != PRIVATE_DIR:
+            os.chmod(path, PRIVATE_DIR)
+    return path
+
+
+def private_tree(path: Path) -> Path:
+    """:func:`private_dir`, and everything under ``path`` the owner's only (folders 0700,
+    files 0600; symbolic links are left alone): a run directory written by an older dpgrpo
+    had a 0755 recovery/ with a 0644 telemetry.jsonl and state.pt. Returns ``path``."""
+    private_dir(path)
+    for root, folders, files in os.walk(path):
+        for name, mode in [(f, PRIVATE_DIR) for f in folders] + [(f, PRIVATE_FILE) for f in files]:
+            entry = os.path.join(root, name)
+            if not os.path.islink(entry) and os.stat(entry).st_mode & 0o777 != mode:
+                os.chmod(entry, mode)
+    return path
+
+
 def append_lines(path: Path, lines: list[str]) -> None:
-    """Append lines to a JSONL file, first ending a line torn by a crash (fsynced)."""
+    """Append lines to a private JSONL file, first ending a line torn by a crash (fsynced).
+    The file is created 0600, and an existing one is set to 0600 (it holds private values)."""
     if not lines:
         return
-    with disk_full_guard(path), open(path, "a+b") as fh:
+    with disk_full_guard(path):
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, PRIVATE_FILE)
+    with disk_full_guard(path), os.fdopen(fd, "a+b") as fh:
+        if os.fstat(fd).st_mode & 0o777 != PRIVATE_FILE:
+            os.fchmod(fd, PRIVATE_FILE)
         if fh.tell() > 0:
             fh.seek(-1, os.SEEK_END)
             if fh.read(1) != b"\n":

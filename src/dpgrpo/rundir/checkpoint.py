@@ -9,7 +9,8 @@ A run directory holds two trees:
   written there; anything else raises :class:`ReleaseError`.
 * ``recovery/``: optimizer state, the privacy journal (:mod:`dpgrpo.privacy.journal`),
   generator states and per-round training telemetry (rewards, losses, lengths: private
-  training-time data). Publishing it would void the guarantee.
+  training-time data). Publishing it would void the guarantee. Its folders are 0700 and its
+  files 0600 (:func:`~dpgrpo.rundir.atomic.private_dir`).
 
 Every write is atomic and durable: files go to a temporary name, are fsynced and moved into
 place with ``os.replace``; a checkpoint directory is complete before ``latest`` names it, and
@@ -34,11 +35,13 @@ import torch
 
 from dpgrpo.errors import ConfigError, RecoveryError
 from dpgrpo.rundir.atomic import (
+    PRIVATE_FILE,
     atomic_write_json,
     atomic_write_text,
     disk_full_guard,
     fsync_dir,
     fsync_file,
+    private_dir,
     sha256_file,
 )
 
@@ -68,7 +71,7 @@ def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
     ``step-XXXXXX/meta.json`` repeats ``round_done`` and the ledger (``extra["ledger"]``) so
     that resume can read what every checkpoint proves without loading it.
     """
-    recovery_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(recovery_dir)
     final = recovery_dir / f"step-{round_done:06d}"
     with disk_full_guard(final):
         tmp = Path(tempfile.mkdtemp(dir=recovery_dir, prefix=".step-"))
@@ -77,6 +80,7 @@ def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
             torch.save({"round_done": round_done, "adapter": adapter,
                         "optimizer": optimizer.state_dict(), "generators": generators, **extra},
                        tmp / "state.pt")
+            os.chmod(tmp / "state.pt", PRIVATE_FILE)  # torch.save follows the umask (0644)
             fsync_file(tmp / "state.pt")
             atomic_write_json(tmp / "meta.json", {"round_done": round_done,
                                                   "ledger": extra.get("ledger"),

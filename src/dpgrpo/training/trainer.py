@@ -40,7 +40,12 @@ from dpgrpo.privacy.mechanism import PrivatizedUpdate, privatize
 from dpgrpo.privacy.record_coins import PromptCoins, RoundKey
 from dpgrpo.release.certificate import certificate
 from dpgrpo.release.write import write_release
-from dpgrpo.rundir.atomic import append_lines, atomic_write_json, atomic_write_text
+from dpgrpo.rundir.atomic import (
+    append_lines,
+    atomic_write_json,
+    atomic_write_text,
+    private_tree,
+)
 from dpgrpo.rundir.checkpoint import (
     checkpoint_dirs,
     load_checkpoint,
@@ -168,6 +173,7 @@ def open_run(config: RunConfig | None, run_dir: Path, ctx: DistContext,
     if ctx.is_main:
         for name in remove_temporaries(run_dir):
             log.warning("%s: removed %s left by an interrupted write", run_dir, name)
+        private_tree(RunDir(run_dir).recovery)  # 0700/0600 before any private write
     if resume:
         config = read_run_config(run_dir)
     elif config is None:
