@@ -58,8 +58,9 @@ class ModelConfig:
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                        "up_proj", "down_proj")
     gradient_checkpointing: bool = False  # recompute decoder layers in backward (less memory)
-    # decoder layers that get adapters (negative indices count from the end; default: all).
-    # Fewer trainable coordinates p means less noise per unit of signal (sigma C sqrt(p)/(q n)).
+    # decoder layers that get adapters (negative indices count from the end; default: all; an
+    # empty list is refused). Fewer trainable coordinates p means less noise per unit of
+    # signal (sigma C sqrt(p)/(q n)).
     lora_layers: tuple[int, ...] | None = None
     # Which adapter weights the private run trains (model.LORA_TRAIN; public): "all" (A and B),
     # "B" (FFA-LoRA: A frozen at its initialization) or "bias" (only B's bias, needs lora_bias:
@@ -107,6 +108,14 @@ class ModelConfig:
         if len(set(modules)) != len(modules):
             raise ConfigError(f"model.target_modules has duplicates: {list(modules)}")
         object.__setattr__(self, "target_modules", modules)
+        if self.lora_layers is not None:
+            layers = tuple(self.lora_layers)
+            if not layers:
+                raise ConfigError("model.lora_layers = [] adapts no layer: list the decoder "
+                                  "layers to adapt, or leave the key out to adapt every layer")
+            if len(set(layers)) != len(layers):
+                raise ConfigError(f"model.lora_layers has duplicates: {list(layers)}")
+            object.__setattr__(self, "lora_layers", layers)
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,7 @@ class DataConfig:
     per_contributor: int = 4  # k (public): problems of a sampled contributor used per round
 
     def __post_init__(self) -> None:
+        check_finite(self, "data")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"data.limit must be >= 1, got {self.limit}")
         if self.n_slots is not None and self.n_slots < 1:
@@ -171,7 +181,9 @@ class PrivacyConfig:
     epsilon: float = 8.0  # target epsilon: sigma is calibrated to it at delta over T rounds
     delta: float | None = None  # default 1 / (10 n); a releasable run needs delta < 1 / n
     expected_batch: float = 128.0  # m = q n
-    clip_norm: float = 0.055  # C: each prompt's gradient is clipped to this L2 norm
+    # C: each prompt's gradient is clipped to this L2 norm (at most 1e6: larger ones overflow
+    # the fp32 step; dpgrpo.config.values.MAXIMA holds every key's upper bound)
+    clip_norm: float = 0.055
     noise_multiplier: float | None = None  # None: calibrated from epsilon
     seed: int | None = None  # debugging only: a seeded run is not releasable
     group_sizes: tuple[int, ...] = (2, 3)  # certificate: k prompts of one person (2..8)
@@ -208,7 +220,7 @@ class TrainConfig:
 
     # what each sampled record computes (config.arms.ARMS: dp-grpo, zero-advantage, ...)
     arm: str = "dp-grpo"
-    rounds: int = 50  # T: the rounds of Algorithm 1 (one Poisson-sampled batch each)
+    rounds: int = 50  # T: the rounds of Algorithm 1 (one Poisson-sampled batch each; <= 10^6)
     group_size: int = 8  # G
     temperature: float = 0.7  # sampling temperature of the G completions
     # Sampler (dpgrpo.rollout.sampling, both engines): nucleus filtering and CTRL's repetition
@@ -232,7 +244,7 @@ class TrainConfig:
     # Leave completions that hit the cap (no EOS) out of the loss (DAPO's overlong masking):
     # a per-row rule on the prompt's own rollouts; their rewards still enter the group's mean.
     mask_truncated_completions: bool = False
-    learning_rate: float = 3e-4  # AdamW's, on the trainable LoRA weights
+    learning_rate: float = 3e-4  # AdamW's, on the trainable LoRA weights (at most 1)
     weight_decay: float = 0.0  # AdamW's decoupled weight decay
     # Clip the norm of each round's update to this before the AdamW step (TRL's max_grad_norm).
     # In the private arms the update is the noisy mean, so this is post-processing of the
@@ -368,6 +380,7 @@ class AuditConfig:
     canary_seed: int = 0  # public: canary content is not secret, their inclusion bits are
 
     def __post_init__(self) -> None:
+        check_finite(self, "audit")
         for name in ("canaries", "canary_seed"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"audit.{name} must be >= 0, got {getattr(self, name)}")

@@ -2,8 +2,9 @@
 
 A TOML value must already have the field's type (a boolean is not a number, a number is not a
 string, a float is not an int); ``--set`` text is parsed by the field's type. Every float
-field must be finite. :mod:`dpgrpo.config` calls these with the field's type and names the key
-in the error.
+field must be finite, and every numeric field at most its entry in :data:`MAXIMA` (issue 56: the
+one place where the upper bounds live; the lower bounds stay in each ``__post_init__`` with their
+reasons). :mod:`dpgrpo.config` calls these with the field's type and names the key in the error.
 """
 
 from __future__ import annotations
@@ -74,13 +75,84 @@ def parse_value(base: Any, value: Any, text: bool) -> Any:
     return value
 
 
+_COUNT = 10 ** 12  # a count of problems or slots: beyond any data set, exact in fp64 and int64
+_SIZE = 10 ** 7    # a per-round or per-pass size: beyond any machine's memory
+
+#: ``section.key`` -> the largest value it may take (issue 56). Public bounds, set without the
+#: data: each one is orders of magnitude past any sensible run and well inside the arithmetic
+#: (fp32 parameters and AdamW state, fp64 sums, int64 counts), so a typo is refused at load
+#: instead of overflowing after rounds were charged (a non-finite step is still skipped).
+MAXIMA: dict[str, float] = {
+    "model.lora_rank": 65536,              # no model has a wider projection
+    "model.lora_alpha": 1e6,               # alpha / r scales the adapter's output
+    "data.limit": _COUNT,
+    "data.n_slots": _COUNT,
+    "data.per_contributor": _SIZE,
+    "privacy.epsilon": 1e6,                # exp(epsilon) bounds the likelihood ratio
+    "privacy.expected_batch": _COUNT,      # q n <= n (checked against n at build)
+    # C: a LoRA gradient's per-prompt norm is O(1); 1e6 keeps sigma C (the noise's scale),
+    # the sum of B clipped records and the update cast to fp32 (max 3.4e38) finite, where C =
+    # 1e30 or 1e308 overflowed in fp32 and left NaN weights (issue 56)
+    "privacy.clip_norm": 1e6,
+    "privacy.noise_multiplier": 1e6,
+    "privacy.seed": 2 ** 63 - 1,           # a 64-bit generator seed
+    # T: 10^6 GRPO rounds is years of a GPU's time. Calibrating sigma to epsilon for T = 10^7
+    # ran past 280 s on the CPU (PLD composition; T = 10^5 takes 18 s), and T = 10^20 hung
+    "train.rounds": 10 ** 6,
+    "train.group_size": 4096,              # G completions per prompt
+    "train.temperature": 100.0,
+    "train.repetition_penalty": 100.0,
+    "train.max_new_tokens": _SIZE,
+    "train.beta": 1e6,
+    # AdamW moves each weight by about lr a step: lr > 1 replaces the adapter every round,
+    # and lr = 1e38 overflowed inside the fp32 step (issue 56)
+    "train.learning_rate": 1.0,
+    "train.weight_decay": 1e6,             # AdamW multiplies each weight by 1 - lr wd
+    "train.max_update_norm": 1e12,
+    "train.frozen_layer_cache_mb": 1e9,    # a petabyte
+    "train.rows_per_pass": _SIZE,
+    "train.rollout_batch_size": _SIZE,
+    "train.checkpoint_every": _SIZE,
+    "train.max_tokens_per_pass": 1e12,
+    "audit.canaries": _COUNT,
+    "audit.canary_seed": 2 ** 63 - 1,      # a 64-bit generator seed
+    "reward_weights": 1e6,                 # |w| of a task's reward functions (tasks.custom)
+}
+
+
+def _show(x: float) -> str:
+    """A bound as the table writes it: 10000000, 1e6, 0.5 (not 1e+06)."""
+    return str(x) if isinstance(x, int) else f"{x:g}".replace("e+0", "e").replace("e+", "e")
+
+
 def check_finite(obj: Any, section: str) -> None:
-    """Every float field finite: inf or nan in a learning rate, a temperature or a privacy
-    parameter would train (or certify) something meaningless without a word."""
+    """Every float field finite and every numeric field at most its :data:`MAXIMA` entry: inf
+    or nan in a learning rate, a temperature or a privacy parameter would train (or certify)
+    something meaningless without a word, and a finite but huge one overflows later, after
+    rounds were charged (``clip_norm = 1e308`` released a NaN adapter; issue 56)."""
     for f in fields(obj):
-        value = getattr(obj, f.name)
+        key, value = f"{section}.{f.name}", getattr(obj, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
         if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"'{section}.{f.name}' must be a finite number, got {value}")
+            raise ConfigError(f"'{key}' must be a finite number, got {value}")
+        if key in MAXIMA and value > MAXIMA[key]:
+            raise ConfigError(f"'{key}' must be at most {_show(MAXIMA[key])}, got {_show(value)} "
+                              "(the bounds: dpgrpo.config.values.MAXIMA)")
 
 
-__all__ = ["check_finite", "parse_value", "type_name"]
+def check_weights(weights: Any, key: str = "reward_weights") -> None:
+    """Reward weights finite and of magnitude at most ``MAXIMA["reward_weights"]``: a NaN weight
+    makes every reward NaN, which the reward sum counts 0 (no signal), and the run would train
+    and certify on nothing without a word (issue 56)."""
+    if weights is None:
+        return
+    bound = MAXIMA["reward_weights"]
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
+                or abs(w) > bound:
+            raise ConfigError(f"'{key}' must be finite numbers of magnitude at most {_show(bound)}, "
+                              f"got {list(weights)}")
+
+
+__all__ = ["MAXIMA", "check_finite", "check_weights", "parse_value", "type_name"]

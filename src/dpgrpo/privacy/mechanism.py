@@ -13,7 +13,11 @@ accumulated in fp64, the noise (:mod:`dpgrpo.privacy.noise`, fp64, made on the C
 that fp64 sum, and the update stays fp64 until the optimizer casts it to the parameters' dtype.
 
 A record whose gradient has a non-finite entry is replaced by zero before clipping, by a fixed
-rule that does not depend on any other record (assumption A2). This module is the only place in
+rule that does not depend on any other record (assumption A2). A non-finite clipped sum or
+noisy update (after the division by q n, which overflows when q n < 1) marks the update
+non-finite (:attr:`PrivatizedUpdate.finite`) and the trainer skips its step (invariant 3); a
+non-finite clipped sum always gives a non-finite noisy sum (inf + finite noise), so the bit is
+a function of the mechanism's output only. This module is the only place in
 dpgrpo where gradients of different records are combined.
 """
 
@@ -171,12 +175,19 @@ class PrivatizedUpdate:
     num_records: int
     num_nonfinite: int
     num_clipped: int
+    sum_finite: bool = True  # the clipped sum before the noise (every entry finite)
 
     @property
     def finite(self) -> bool:
-        """False if the noisy update has a non-finite entry (the trainer then skips the step)."""
-        d = self.update if isinstance(self.update, dict) else {_SINGLE: self.update}
-        return all(bool(torch.isfinite(t).all()) for t in d.values())
+        """False if the clipped sum or the noisy update (after the division by q n) has a
+        non-finite entry (the trainer then skips the step)."""
+        return self.sum_finite and all_finite(self.update)
+
+
+def all_finite(tensors: torch.Tensor | Grads) -> bool:
+    """Whether every entry of every tensor is finite."""
+    d = tensors if isinstance(tensors, dict) else {_SINGLE: tensors}
+    return all(bool(torch.isfinite(t).all()) for t in d.values())
 
 
 def check_expected_batch(expected_batch: float) -> None:
@@ -274,4 +285,5 @@ def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: floa
         total = part.total if isinstance(part.total, dict) else {_SINGLE: part.total}
         update = {k: torch.empty_like(v) for k, v in total.items()}
     update = reduce.share(update) if isinstance(update, dict) else update
-    return PrivatizedUpdate(update, part.num_records, part.num_nonfinite, part.num_clipped)
+    return PrivatizedUpdate(update, part.num_records, part.num_nonfinite, part.num_clipped,
+                            sum_finite=all_finite(part.total))

@@ -31,6 +31,9 @@ def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, An
             raise ReleaseError(f"{release_dir} is not a complete release (no {name})")
     cert = read_certificate(release_dir)
     verify_release_files(release_dir, cert)
+    from dpgrpo.release.write import check_finite_adapter  # torch, at call time only
+
+    check_finite_adapter(release_dir / "adapter_model.safetensors")  # never with --force
     if not cert.get("releasable") and not force:
         raise ReleaseError(f"{release_dir}: the certificate says NOT releasable "
                            f"({cert.get('not_releasable_because', 'no reason given')}); "

@@ -2,7 +2,9 @@
 
 Only names on :data:`dpgrpo.release.files.RELEASE_FILES` may be written there (anything else
 raises :class:`ReleaseError`), the folder is built beside the target and swapped in whole, and
-the certificate records the sha256 of the adapter's files, which push and resume verify.
+the certificate records the sha256 of the adapter's files, which push and resume verify. An
+adapter with a non-finite entry is refused (:class:`ReleaseError`): a NaN adapter certifies
+nothing useful, and the trainer's invariant 3 should have kept every weight finite.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
         warnings.filterwarnings("ignore", message="Unable to fetch remote file")
         # The LoRA never resizes the vocabulary: no need to save (or look up) embeddings.
         model.save_pretrained(str(tmp), save_embedding_layers=False)
+    check_finite_adapter(tmp / "adapter_model.safetensors")
     atomic_write_json(tmp / RELEASE_CONFIG, config)
     digests = {name: sha256_file(tmp / name)  # checked by push and by resume
                for name in ("adapter_model.safetensors", "adapter_config.json")}
@@ -67,6 +70,20 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
                            f"{sorted(RELEASE_FILES)} may leave the curator")
     for path in tmp.iterdir():
         fsync_file(path)
+
+
+def check_finite_adapter(path: Path) -> None:
+    """Refuse (:class:`ReleaseError`) an adapter file with a NaN or infinite entry, naming the
+    tensors; this reads back exactly the tensors that would be released."""
+    from safetensors.torch import load_file
+
+    bad = sorted(name for name, t in load_file(str(path)).items()
+                 if t.is_floating_point() and not bool(t.isfinite().all()))
+    if bad:
+        raise ReleaseError(f"refusing to release an adapter with non-finite weights: {len(bad)} "
+                           f"tensor(s) hold NaN or inf ({', '.join(bad[:3])}"
+                           f"{', ...' if len(bad) > 3 else ''}); release/ keeps its previous "
+                           "content (report this: the trainer skips non-finite steps)")
 
 
 def _model_card(release: Path) -> str:
@@ -118,4 +135,4 @@ def _release_readme(cert: dict[str, Any]) -> str:
             f"see certificate.json and {RELEASE_CONFIG} (the public training config).\n")
 
 
-__all__ = ["write_release"]
+__all__ = ["check_finite_adapter", "write_release"]

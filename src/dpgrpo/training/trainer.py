@@ -9,6 +9,7 @@
                 (contributor-level DP: summed over the contributor's own prompts)
         clip each to C, sum, add N(0, sigma^2 C^2 I), divide by q n lines 7-8
         AdamW step on the LoRA parameters (skipped if non-finite)   line 9
+                (the update, its fp32 cast and the weights after the step: invariant 3)
         checkpoint every k rounds: release/ and recovery/
 
 The loop is :func:`_train`: :func:`open_run` builds (or restores) the run, :func:`run_round` is
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from dpgrpo.config import RunConfig, to_toml
+from dpgrpo.config.values import check_weights
 from dpgrpo.errors import ConfigError, UserCodeError
 from dpgrpo.privacy.accounting import pld_epsilon
 from dpgrpo.privacy.contributors import round_prompts, sum_within_records
@@ -185,6 +187,8 @@ def open_run(config: RunConfig | None, run_dir: Path, ctx: DistContext,
         bound_heap_growth()  # memory set by the pass size, not by the number of passes so far
     with quiet_model_loading():
         run = build_run(config, run_dir, ctx)
+    check_weights(getattr(run.task, "reward_weights", None),  # before any round is charged
+                  f"task {run.task.name!r}: reward_weights")
     journal = PrivacyJournal(run.layout.journal, run.q, run.sigma, twin=run.layout.journal_twin)
     notes: list[str] = []
     if resume:
@@ -233,21 +237,21 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
                        expected_batch=run.expected_batch, noise=run.noise,
                        reduce=across_ranks(ctx))                      # lines 7-8
     laps.mark("mechanism")
+    update_norm = None
     if update.finite:                                                 # line 9
         # per_prompt_grads gives name -> tensor, so the update is a dict too
         update_norm = _apply(run.model, run.optimizer, cast(dict[str, torch.Tensor],
                                                             update.update),
                              max_norm=run.config.train.max_update_norm)
-    else:
-        update_norm = None
-        run.steps_skipped += 1                                        # still charged
+    skipped = update_norm is None                                     # invariant 3
+    run.steps_skipped += int(skipped)                                 # still charged
     laps.mark("step")
     timings = {"time/round": time.perf_counter() - tic, **laps.row()}  # private by default
     run.telemetry.append({"round": t + 1, "batch_size": update.num_records,
                           "prompts": len(plan.prompts), **info,
                           "nonfinite_records": update.num_nonfinite,
                           "clipped_records": update.num_clipped,
-                          "step_skipped": not update.finite, "update_norm": update_norm,
+                          "step_skipped": skipped, "update_norm": update_norm,
                           "seconds": timings["time/round"], **timings})
     release_free_memory()                                             # RSS back to baseline
     return RoundOutcome(t + 1, update, info, timings)
@@ -295,17 +299,46 @@ def _grad_method(config: RunConfig) -> str:
 
 
 def _apply(model: Any, optimizer: torch.optim.Optimizer, update: dict[str, torch.Tensor], *,
-           max_norm: float | None = None) -> float:
+           max_norm: float | None = None) -> float | None:
     """Use the privatized update as the gradient of an AdamW step (fp32 optimizer state),
-    its norm clipped to ``max_norm`` first (post-processing); returns the norm before it."""
+    its norm clipped to ``max_norm`` first (post-processing); returns the norm before it.
+
+    Invariant 3 where an overflow can happen: the norm of the update cast to the parameters'
+    dtype (fp64 1e308 is inf in fp32; a NaN or inf entry makes it non-finite) and the weights
+    after the step (AdamW squares the gradient). A non-finite one skips the step (None; the
+    weights and AdamW state as before). The rule reads only the noisy update and what follows
+    from it (post-processing, no privacy cost)."""
     params = trainable_parameters(model)
     for name, param in params.items():
         param.grad = update[name].to(device=param.device, dtype=param.dtype)
     norm = float(torch.nn.utils.clip_grad_norm_(      # inf: measures, scales by 1
         params.values(), math.inf if max_norm is None else max_norm))
-    optimizer.step()
+    stepped = math.isfinite(norm) and _step_or_undo(optimizer, list(params.values()))
     optimizer.zero_grad(set_to_none=True)
-    return norm
+    return norm if stepped else None
+
+
+def _step_or_undo(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
+    """One optimizer step, undone (weights and optimizer state put back) if it made a weight
+    non-finite; the copy kept for that is the trainable weights and their state (a few
+    adapters' worth). Returns whether the step stands."""
+    weights = [p.detach().clone() for p in params]
+    state = {p: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for p, s in optimizer.state.items()}
+    try:
+        optimizer.step()
+    except RuntimeError as err:                       # a step size past fp32's range
+        if "overflow" not in str(err):
+            raise
+    else:
+        if all(bool(p.isfinite().all()) for p in params):
+            return True
+    with torch.no_grad():
+        for param, saved in zip(params, weights):
+            param.copy_(saved)
+    optimizer.state.clear()                           # a parameter without state before
+    optimizer.state.update(state)                     # (the first step) has none again
+    return False
 
 
 def _epsilon_so_far(journal: PrivacyJournal, private: bool, delta: float) -> float:
