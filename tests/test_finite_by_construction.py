@@ -70,7 +70,7 @@ def test_every_numeric_key_has_an_upper_bound_in_one_table():
 def test_a_nan_reward_weight_is_refused_before_any_round_is_charged(tiny_model_dir, tmp_path):
     import dpgrpo
 
-    with pytest.raises(ConfigError, match=r"reward_weights' must be finite.*got \[nan\]"):
+    with pytest.raises(ConfigError, match=r"'custom': reward_weights must be finite.*got \[nan\]"):
         dpgrpo.train(model=str(tiny_model_dir), problems=[{"question": f"{i} + 1?",
                                                            "answer": str(i + 1)}
                                                           for i in range(6)],

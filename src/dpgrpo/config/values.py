@@ -151,7 +151,7 @@ def check_weights(weights: Any, key: str = "reward_weights") -> None:
     for w in weights:
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
                 or abs(w) > bound:
-            raise ConfigError(f"'{key}' must be finite numbers of magnitude at most {_show(bound)}, "
+            raise ConfigError(f"{key} must be finite numbers of magnitude at most {_show(bound)}, "
                               f"got {list(weights)}")
 
 
