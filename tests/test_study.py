@@ -81,6 +81,16 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     record = json.loads((results / "cpu-study.json").read_text())
     assert KEYS <= set(record), sorted(KEYS - set(record))
     assert len(record["nonprivate_gain_ci"]) == 2 and record["dp_vs_control_mde"] >= 0
+    # one seed: no interval over seeds, and the warning that the claims rest on few runs
+    assert record["dp_vs_control_seeds"] == 1 and record["dp_vs_control_ci_runs"] is None
+    assert "fewer than 5" in first.output and "Few runs" in (results / "cpu-study.md").read_text()
+    # every interval recomputable from the results folder; no path of the work folder in it
+    from dpgrpo.reports.inputs import read_archive
+
+    _, archived, _ = read_archive(results / "cpu-study-predictions.json.gz")
+    assert {a.name for a in archived} >= {"dp-grpo", "zero-advantage", "non-private"}
+    for written in ("cpu-study.md", "cpu-study.json"):
+        assert str(out) not in (results / written).read_text(), written
     low, high = record["audit_leaky_auc_ci"]
     assert 0.0 <= low <= record["audit_leaky_auc"] <= high <= 1.0
     assert record["certified_eps"] <= 8.0 + 1e-9 and record["canary_eps_lower_bound"] >= 0.0
@@ -373,3 +383,39 @@ def test_the_stopping_rule_key_and_old_records_of_the_permutation_test() -> None
     new = {"permutation": {**old["permutation"], "p_value": 10 / 12, "draws": 12,
                            "stop_after": 10}}
     assert "12 of at most 50 shuffles, stop at 10" in _perm(_permuted("k", new), "k")
+
+
+def test_the_page_gives_claims_over_seeds_labels_seed_lines_and_names_no_machine_path(
+        tmp_path: Path) -> None:
+    """Issue 55: each headline interval over problems and over seeds and problems, a warning
+    below 5 seeds, per-seed lines labelled by their contrast, both retention shares, and no
+    absolute path of the machine in the page or the record."""
+    from dpgrpo.reports.study import (
+        _few_seeds,
+        _over_runs,
+        _seed_spread,
+        _share_over_start,
+        relative_paths,
+    )
+
+    s = {"dp_vs_control_ci_runs": [-4.0, 33.8], "dp_vs_control_seed_p": 0.2566,
+         "dp_vs_control_seeds": 3, "nonprivate_gain_seeds": 3}
+    assert _over_runs(s, "dp_vs_control") == (" over problems, **[-4.0, 33.8] over seeds and "
+                                              "problems** (Welch's t over seeds p = 0.26)")
+    assert _over_runs({}, "dp_vs_control") == ""                     # an old record
+    assert "3 seeds of an arm, fewer than 5" in _few_seeds(s)[0]
+    assert _few_seeds({**s, "dp_vs_control_seeds": 5, "nonprivate_gain_seeds": 6}) == []
+    row = {"arm": "dp-grpo", "comparator": "zero-advantage", "scorer": "strict",
+           "seeds": {"diffs": [-13.5, 29.0, 32.5], "t_interval": [-47.6, 79.6]}}
+    report = {"contrasts": [row], "versus_base": []}
+    assert _seed_spread(report).startswith("; per seed of dp-grpo - zero-advantage: -13.5, ")
+    share = _share_over_start({"warm_start_accuracy": 52.0, "retained_share_over_warm_start":
+                               0.42, "warm_start_share_of_dp_gain": 0.74})
+    assert share == (" and **42%** of its gain over the common public warm start; the warm "
+                     "start alone gives 74% of DP-GRPO's gain over the base")
+    out = tmp_path / "work"
+    record = relative_paths({"out_dir": str(out), "model": {
+        "init_adapter": str(out / "warm-start" / "release")}, "name": "smollm2-135m",
+        "cwd_file": str(Path.cwd() / "configs" / "cpu-study.toml")}, out)
+    assert record == {"out_dir": ".", "model": {"init_adapter": "warm-start/release"},
+                      "name": "smollm2-135m", "cwd_file": "configs/cpu-study.toml"}

@@ -233,3 +233,56 @@ def test_adjust_family_pools_tests() -> None:
     flat = [t.p for c in cs for t in c.mcnemar]
     np.testing.assert_allclose([p for c in adj for p in c.holm_p], S.holm(flat))
     assert all(len(c.holm_p) == 4 for c in adj)
+
+
+# --- claims over runs: seeds then problems (issue 55) --------------------------------------
+
+def _rows(accuracies: list[float], n: int = 200) -> np.ndarray:
+    """One row per seed, the first round(acc * n) problems correct."""
+    return np.array([[j < round(acc * n) for j in range(n)] for acc in accuracies])
+
+
+def test_seeds_and_problems_interval_counts_the_spread_between_runs():
+    """The study's three seeds (issue 55): DP-GRPO 44.5 / 77.5 / 71.0 against the control's
+    58.0 / 48.5 / 38.5. Over problems alone +16.0 pp excludes 0; once the seeds are resampled
+    too it holds 0, and Welch's t over the seeds gives p = 0.257."""
+    from dpgrpo.evaluation.stats import contrast
+
+    dp, control = _rows([0.445, 0.775, 0.71]), _rows([0.58, 0.485, 0.385])
+    c = contrast(dp, control, draws=20_000, sign_draws=1_000)
+    assert c.difference == pytest.approx(16.0, abs=0.01)
+    assert c.ci[0] > 0                                      # problems only: "significant"
+    assert c.ci_runs is not None and c.ci_runs[0] < 0 < c.ci_runs[1]
+    assert c.ci_runs[1] - c.ci_runs[0] > 2.5 * (c.ci[1] - c.ci[0])
+    assert c.seed_p == pytest.approx(0.2566, abs=1e-3) and c.n_seeds == (3, 3)
+    assert c.to_dict()["ci_runs"] == list(c.ci_runs)
+
+
+def test_seed_resampling_has_the_binomial_spread_and_vanishes_without_spread():
+    """Ten runs that each solve all or nothing (half of them), against a fixed model at 50%:
+    the seed level alone has sd sqrt(0.25 / 10) = 0.158. Identical seeds give back the
+    problem-only interval."""
+    from dpgrpo.evaluation.stats import bootstrap_means, hierarchical_bootstrap_means
+
+    runs = _rows([1.0] * 5 + [0.0] * 5, n=100)
+    fixed = _rows([0.5], n=100)
+    means = hierarchical_bootstrap_means(runs, fixed, draws=40_000, seed=1)
+    assert means.mean() == pytest.approx(0.0, abs=0.005)
+    assert means.std() == pytest.approx(np.sqrt(0.25 / 10), rel=0.05)
+    same = _rows([0.6] * 4, n=100)
+    two = hierarchical_bootstrap_means(same, fixed, draws=40_000, seed=2)
+    one = bootstrap_means(same[0].astype(float) - fixed[0].astype(float), draws=40_000, seed=2)
+    assert two.std() == pytest.approx(one.std(), rel=0.05)
+
+
+def test_one_seed_each_has_no_interval_over_runs_and_no_seed_test():
+    from dpgrpo.evaluation.stats import contrast, seed_test
+
+    c = contrast(_rows([0.7]), _rows([0.5]), draws=2_000, sign_draws=1_000)
+    assert c.ci_runs is None and c.seed_p is None and c.n_seeds == (1, 1)
+    # against a fixed model (one row): the one-sample t-test of the runs' accuracies
+    from scipy import stats as sps
+
+    p = seed_test(_rows([0.6, 0.7, 0.65, 0.8]), _rows([0.5]))
+    assert p == pytest.approx(sps.ttest_1samp([0.6, 0.7, 0.65, 0.8], 0.5).pvalue)
+    assert seed_test(_rows([0.6, 0.6]), _rows([0.5, 0.5])) is None   # no spread to test

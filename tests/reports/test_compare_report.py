@@ -218,3 +218,33 @@ def test_a_fixed_arm_pairs_with_every_seed_like_the_base(tmp_path: Path) -> None
     assert first.versus_fixed == ()
     assert cmp.to_dict()["versus_fixed"][0]["comparator"] == "warm-start"
     assert "## Each arm against `warm-start`" in (tmp_path / "fixed" / "report.md").read_text()
+
+
+def test_the_archive_beside_report_json_recomputes_every_interval(report, tmp_path) -> None:
+    """predictions.json.gz (committed with the CPU study) holds each seed's 0/1, lengths and
+    caps, and no path or text: compare_arms on it alone gives the report's every contrast."""
+    import gzip
+
+    from dpgrpo.reports.inputs import read_archive, write_archive
+
+    cmp, written, out = report
+    archive = out / "predictions.json.gz"
+    assert archive in written
+    raw = gzip.decompress(archive.read_bytes()).decode()
+    assert str(out.parent) not in raw and "response" not in raw
+    base, arms, fixed = read_archive(archive)
+    again = compare_arms(base, arms, FAST, fixed=fixed)
+    assert again.to_dict()["contrasts"] == cmp.to_dict()["contrasts"]
+    def strip(arms: list) -> list:                            # the archive keeps no path
+        return [{k: v for k, v in a.items() if k != "paths"} for a in arms]
+
+    assert strip(again.to_dict()["arms"]) == strip(cmp.to_dict()["arms"])
+    ids = load_eval_file(out.parent / "base").ids if (out.parent / "base").exists() else \
+        [str(i) for i in range(base.n_tokens.shape[1])]
+    copy = write_archive(tmp_path / "again.json.gz", ids, base, arms, fixed)
+    assert len(archive.read_bytes()) < 20_000                     # 300 problems, 7 rows
+    assert copy.read_bytes() == write_archive(tmp_path / "twice.json.gz", ids, base, arms,
+                                              fixed).read_bytes()
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match="not a predictions archive"):
+        read_archive(tmp_path / "bad.json.gz")

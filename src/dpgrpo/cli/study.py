@@ -42,13 +42,26 @@ def study_cmd(
 
     leaky_dp = (f", leaky recipe under DP {s['audit_dp_leaky_auc']:.3f} "
                 f"{ci(s['audit_dp_leaky_auc_ci'], 3)}" if "audit_dp_leaky_auc" in s else "")
-    typer.echo(f"non-private gain {s['nonprivate_gain_pp']:+.1f} pp {ci(s['nonprivate_gain_ci'])}; "
-               f"DP-GRPO vs control {s['dp_vs_control_pp']:+.1f} pp {ci(s['dp_vs_control_ci'])} "
+    def runs(key: str) -> str:                    # seeds then problems, when there are seeds
+        pair = s.get(f"{key}_ci_runs")
+        return "" if pair is None else f" ({ci(pair)} over seeds and problems)"
+
+    typer.echo(f"non-private gain {s['nonprivate_gain_pp']:+.1f} pp {ci(s['nonprivate_gain_ci'])}"
+               f"{runs('nonprivate_gain')}; DP-GRPO vs control {s['dp_vs_control_pp']:+.1f} pp "
+               f"{ci(s['dp_vs_control_ci'])}{runs('dp_vs_control')} "
                f"(MDE {s['dp_vs_control_mde']:.1f}, noise/signal {s['noise_to_signal']:.1f}); "
                f"DIBA AUC leaky {s['audit_leaky_auc']:.3f} {ci(s['audit_leaky_auc_ci'], 3)}, DP "
                f"{s['audit_dp_auc']:.3f} {ci(s['audit_dp_auc_ci'], 3)}{leaky_dp}; canary bound "
                f"{s['canary_eps_lower_bound']:.3f} vs certified {s['certified_eps']:.3f}; "
                f"{s['wall_seconds'] / 60:.1f} min")
+    from dpgrpo.evaluation.stats import MIN_SEEDS_FOR_CLAIM
+
+    fewest = min((s[k] for k in ("nonprivate_gain_seeds", "dp_vs_control_seeds",
+                                 "dp_vs_warm_start_seeds") if s.get(k) is not None), default=None)
+    if fewest is not None and fewest < MIN_SEEDS_FOR_CLAIM:
+        typer.echo(f"warning: the headline claims rest on {fewest} seed(s) of an arm, fewer "
+                   f"than {MIN_SEEDS_FOR_CLAIM}; rerun with --seeds {MIN_SEEDS_FOR_CLAIM} "
+                   "before making them (RL runs differ a lot from seed to seed)", err=True)
     typer.echo(f"wrote {results / 'cpu-study.md'} and {results / 'cpu-study.json'}")
 
 

@@ -11,6 +11,12 @@ problem ``j``; ``n`` problems; ``k`` paired seeds; the per-problem pooled differ
 
 and the pooled contrast is ``Delta = 100 * mean_j d_j``.
 
+Claims about training runs also need the spread between runs (seeds): RL runs are noisy and
+often bimodal, and an interval over problems alone treats the seeds as fixed. Each contrast
+therefore also carries ``ci_runs``, a two-level bootstrap that resamples each arm's seeds and
+then the problems (:func:`hierarchical_bootstrap_means`), and ``seed_p``, Welch's t-test over
+the seeds' accuracies (:func:`seed_test`).
+
 Both resampling procedures are exact reductions of the textbook ones, which keeps 100,000
 bootstrap draws and 1,000,000 sign flips over thousands of problems to about a second:
 
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import numpy as np
 from scipy import stats as _sps
@@ -98,6 +104,60 @@ def bootstrap_means(d: np.ndarray, *, draws: int, seed: int) -> np.ndarray:
         c = rng.multinomial(n, counts / n, size=m)            # (m, K) times each value drawn
         out[start:start + m] = (c @ values) / n
     return out
+
+
+def hierarchical_bootstrap_means(a: Any, b: Any, *, draws: int, seed: int) -> np.ndarray:
+    """Two-level bootstrap distribution of ``mean_s A - mean_s B`` (fractions): each draw
+    resamples the seeds of each arm (training runs: independent across arms, so each arm's
+    own, with replacement), then the ``n`` problems (once, shared by both arms, so the
+    pairing by problem stays). An arm with one row (the greedy base, a fixed warm start) is
+    not resampled over seeds. The spread between runs widens the interval, which a bootstrap
+    over problems alone leaves out (RL runs are noisy and often bimodal).
+
+    ``draw = (1/n) sum_j c_j (sum_s wA_s A[s, j] - sum_s wB_s B[s, j])`` with ``c ~
+    Multinomial(n, 1/n)`` and ``w ~ Multinomial(k, 1/k) / k`` per arm.
+    """
+    a, b = as_correctness(a), as_correctness(b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"arms cover different numbers of problems: {a.shape[1]} vs {b.shape[1]}")
+    if draws < 1:
+        raise ValueError("draws must be >= 1")
+    fa, fb = a.astype(float), b.astype(float)                 # (ka, n), (kb, n)
+    (ka, n), kb = a.shape, b.shape[0]
+    rng = np.random.default_rng(seed)
+    out = np.empty(draws)
+    chunk = max(1, _CHUNK_CELLS // n)
+    for start in range(0, draws, chunk):
+        m = min(chunk, draws - start)
+        wa = rng.multinomial(ka, np.full(ka, 1 / ka), size=m) / ka   # (m, ka)
+        wb = rng.multinomial(kb, np.full(kb, 1 / kb), size=m) / kb   # (m, kb)
+        d = wa @ fa - wb @ fb                                         # (m, n)
+        c = rng.multinomial(n, np.full(n, 1 / n), size=m)             # (m, n)
+        out[start:start + m] = (c * d).sum(axis=1) / n
+    return out
+
+
+def seed_test(a: Any, b: Any) -> float | None:
+    """Two-sided p of a test over seeds (runs), not problems: Welch's t-test on the arms'
+    per-seed accuracies; against an arm with one row (a fixed model) the one-sample t-test of
+    the other arm's seeds against its accuracy. None when neither arm has two seeds, or when
+    the seeds do not vary (no spread to test against)."""
+    a, b = as_correctness(a), as_correctness(b)
+    xa, xb = a.mean(axis=1), b.mean(axis=1)                  # (ka,), (kb,)
+    if len(xa) < 2 and len(xb) < 2:
+        return None
+    if len(xa) >= 2 and len(xb) >= 2:
+        if xa.std() == 0 and xb.std() == 0:
+            return None
+        return float(_sps.ttest_ind(xa, xb, equal_var=False).pvalue)
+    many, one = (xa, xb[0]) if len(xa) >= 2 else (xb, xa[0])
+    if many.std() == 0:
+        return None
+    return float(_sps.ttest_1samp(many, one).pvalue)
+
+
+#: fewer seeds than this per trained arm: the study warns that a claim rests on few runs
+MIN_SEEDS_FOR_CLAIM = 5
 
 
 def bootstrap_interval(a: Any, b: Any, *, draws: int = DEFAULT_BOOTSTRAP_DRAWS,
@@ -242,6 +302,11 @@ class Contrast:
     se: float                               # pp, sd(d_j) / sqrt(n)
     mde: float | None                       # pp, only when the interval contains 0
     seeds: SeedSummary
+    # seeds (each arm's runs) then problems resampled (hierarchical_bootstrap_means), pp; the
+    # headline interval of a claim about training runs. None with one seed in each arm.
+    ci_runs: tuple[float, float] | None = None
+    seed_p: float | None = None             # seed_test: Welch's t over the seeds' accuracies
+    n_seeds: tuple[int, int] = (1, 1)       # rows (seeds) of A and of B behind ci_runs
 
     @property
     def ci_contains_zero(self) -> bool:
@@ -276,6 +341,12 @@ def contrast(a: Any, b: Any, *, draws: int = DEFAULT_BOOTSTRAP_DRAWS,
     Seeds are paired by :func:`pair_seeds`; the Holm family is this contrast's seed-pair tests
     (use :func:`adjust_family` for a wider family, e.g. CommonsenseQA's eight tests).
     """
+    rows_a, rows_b = as_correctness(a), as_correctness(b)
+    ci_runs = None
+    if max(rows_a.shape[0], rows_b.shape[0]) > 1:
+        over = hierarchical_bootstrap_means(rows_a, rows_b, draws=draws, seed=seed)
+        ci_runs = tuple(100 * float(x) for x in np.quantile(over, [(1 - level) / 2,
+                                                                   (1 + level) / 2]))
     a, b = pair_seeds(a, b)
     d = a.mean(axis=0) - b.mean(axis=0)                      # (n,)
     means = bootstrap_means(d, draws=draws, seed=seed)
@@ -291,7 +362,10 @@ def contrast(a: Any, b: Any, *, draws: int = DEFAULT_BOOTSTRAP_DRAWS,
         holm_p=tuple(float(x) for x in holm([t.p for t in tests])),
         sign_p=sign_randomization_pvalue(d, draws=sign_draws, seed=seed),
         sign_draws=sign_draws, sign_seed=seed, se=se, mde=mde,
-        seeds=seed_differences(a, b, level=level))
+        seeds=seed_differences(a, b, level=level),
+        ci_runs=cast("tuple[float, float] | None", ci_runs),
+        seed_p=seed_test(rows_a, rows_b),
+        n_seeds=(int(rows_a.shape[0]), int(rows_b.shape[0])))
 
 
 def adjust_family(contrasts: Sequence[Contrast]) -> list[Contrast]:

@@ -22,8 +22,18 @@ def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str,
     if mde is None:      # the report gives it only for null results; the study always wants it
         z = NormalDist().inv_cdf
         mde = (z(0.975) + z(0.8)) * row["se"]
+    runs = row.get("ci_runs")
     return {"pp": row["difference"], "ci": list(row["ci"]), "mde": mde,
-            "holm_p": row.get("holm_p"), "a": row["accuracy_a"], "b": row["accuracy_b"]}
+            "holm_p": row.get("holm_p"), "a": row["accuracy_a"], "b": row["accuracy_b"],
+            "ci_runs": list(runs) if runs is not None else None, "seed_p": row.get("seed_p"),
+            "seeds": min(row.get("n_seeds") or [1, 1])}
+
+
+def _runs_keys(key: str, c: Mapping[str, Any]) -> dict[str, Any]:
+    """``<key>_ci_runs`` (seeds then problems), ``<key>_seed_p`` (Welch over seeds) and
+    ``<key>_seeds`` (the fewer seeds of the two arms) of one headline contrast."""
+    return {f"{key}_ci_runs": c["ci_runs"], f"{key}_seed_p": c["seed_p"],
+            f"{key}_seeds": c["seeds"]}
 
 
 def _jsonable(x: Any) -> Any:
@@ -72,6 +82,9 @@ def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_g
                if report.get("versus_fixed") else None)
     return {"warm_start_accuracy": alone, "warm_start_gain_pp": alone - base,
             "dp_vs_warm_start_pp": over["pp"], "dp_vs_warm_start_ci": over["ci"],
+            **_runs_keys("dp_vs_warm_start", over),
+            # how much of DP-GRPO's gain over the base the warm start alone gives
+            "warm_start_share_of_dp_gain": (alone - base) / dp_gain if dp_gain > 0 else None,
             **({"control_vs_warm_start_pp": control["pp"],
                 "control_vs_warm_start_ci": control["ci"]} if control else {}),
             # undefined when non-private GRPO did not gain over its own start
@@ -96,6 +109,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     dp_gain = _contrast(report, "dp-grpo", "base")["pp"]
     return {**_warm_start_keys(results, report, dp_gain, nonprivate["pp"]),
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
+        **_runs_keys("nonprivate_gain", nonprivate), **_runs_keys("dp_vs_control", dp),
         "dp_gain_pp": dp_gain,
         "retained_share": dp_gain / nonprivate["pp"] if nonprivate["pp"] else None,
         "trainable_params": cert["trainable_coordinates"],

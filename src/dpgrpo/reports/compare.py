@@ -20,7 +20,10 @@ from typing import Sequence
 from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation import stats
 from dpgrpo.reports.comparison import ArmSummary, Comparison, ContrastRow, Settings
-from dpgrpo.reports.inputs import ArmResults, load_arms
+from dpgrpo.reports.inputs import ArmResults, load_arms, load_eval_file, write_archive
+
+#: the per-problem archive ``run_compare`` writes beside report.json (reports.inputs)
+ARCHIVE_NAME = "predictions.json.gz"
 from dpgrpo.reports.tables import render_report
 
 FOCAL_ARM = "dp-grpo"
@@ -129,5 +132,9 @@ def run_compare(inputs: Sequence[Path], base: Path, out_dir: Path, *,
     names = [a.name for a in arms
              if any(q.resolve() == m or m in q.resolve().parents for q in a.paths for m in marks)]
     comparison = compare_arms(base_arm, arms, settings, fixed=names)
-    return comparison, write_outputs(comparison, out_dir, write_json=write_json, figures=figures)
+    written = write_outputs(comparison, out_dir, write_json=write_json, figures=figures)
+    if write_json:                  # every interval recomputable from the report's folder
+        ids = load_eval_file(Path(base)).ids
+        written.append(write_archive(Path(out_dir) / ARCHIVE_NAME, ids, base_arm, arms, names))
+    return comparison, written
 

@@ -231,3 +231,66 @@ def _has_summary_arm(pred: Path) -> bool:
         return False
     data = json.loads(summary_path.read_text(encoding="utf-8"))
     return isinstance(data, dict) and bool(data.get("arm"))
+
+
+#: what :func:`write_archive` writes; :func:`read_archive` refuses other versions
+ARCHIVE_VERSION = 1
+
+
+def _bits(row: np.ndarray) -> str:
+    return "".join("1" if x else "0" for x in row)
+
+
+def _arm_record(arm: ArmResults) -> dict[str, object]:
+    return {"name": arm.name, "seeds": list(arm.seeds),
+            "correct": {s: [_bits(r) for r in m] for s, m in arm.correct.items()},
+            "n_tokens": arm.n_tokens.astype(int).tolist(),
+            "hit_cap": [_bits(r) for r in arm.hit_cap]}
+
+
+def write_archive(path: Path, ids: Sequence[str], base: ArmResults,
+                  arms: Sequence[ArmResults], fixed: Sequence[str] = ()) -> Path:
+    """Every arm's per-problem results (each seed's 0/1 per scorer, tokens, caps) in one small
+    gzip'd JSON, so every interval of a comparison can be recomputed from it alone
+    (:func:`read_archive`, then ``compare_arms``): the CPU study commits it beside its page.
+    No response text and no path is kept. Written byte for byte the same for the same data."""
+    import gzip
+
+    data = {"version": ARCHIVE_VERSION, "ids": [str(i) for i in ids],
+            "base": _arm_record(base), "arms": [_arm_record(a) for a in arms],
+            "fixed": list(fixed)}
+    payload = json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
+                                               filename="") as out:
+        out.write(payload)
+    return Path(path)
+
+
+def read_archive(path: Path) -> tuple[ArmResults, list[ArmResults], list[str]]:
+    """(base, arms, names of the fixed arms) of a :func:`write_archive` file."""
+    import gzip
+
+    try:
+        data = json.loads(gzip.decompress(Path(path).read_bytes()))
+    except (OSError, ValueError) as err:
+        raise DataError(f"not a predictions archive ({err})", path=str(path)) from None
+    if not isinstance(data, dict) or data.get("version") != ARCHIVE_VERSION:
+        raise DataError(f"expected a predictions archive of version {ARCHIVE_VERSION}",
+                        path=str(path), field="version")
+    n = len(data["ids"])
+
+    def arm(obj: dict) -> ArmResults:
+        def bits(rows: list[str], field: str) -> np.ndarray:
+            if any(len(r) != n for r in rows):
+                raise DataError(f"arm {obj['name']!r}: a row does not cover the {n} problems",
+                                path=str(path), field=field)
+            return np.array([[c == "1" for c in r] for r in rows], dtype=bool)
+
+        return ArmResults(name=obj["name"], seeds=tuple(obj["seeds"]),
+                          paths=tuple(Path(f"{path}#{obj['name']}") for _ in obj["seeds"]),
+                          correct={s: bits(rows, f"correct.{s}")
+                                   for s, rows in obj["correct"].items()},
+                          n_tokens=np.asarray(obj["n_tokens"], dtype=int),
+                          hit_cap=bits(obj["hit_cap"], "hit_cap"))
+
+    return arm(data["base"]), [arm(a) for a in data["arms"]], list(data["fixed"])

@@ -40,8 +40,10 @@ def write_results(results: Mapping[str, Any], out: Path, *, figures: Path,
                   audits: Path) -> dict[str, Path]:
     """Write the results page, the JSON record and copies of the figures into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
+    results = relative_paths(results, Path(results.get("out_dir") or figures.parent))
     pictures = [name for png in sorted(figures.glob("*.png"))
                 if (name := _copy(png, out, f"cpu-study-{png.name}"))]
+    _copy(figures / "predictions.json.gz", out, "cpu-study-predictions.json.gz")
     for which in ("leaky", "dp-leaky", "private"):
         if name := _copy(audits / f"{which}-mia" / "roc.png", out, f"cpu-study-roc-{which}.png"):
             pictures.append(name)
@@ -50,6 +52,30 @@ def write_results(results: Mapping[str, Any], out: Path, *, figures: Path,
     (out / "cpu-study.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     (out / "cpu-study.md").write_text(markdown(results, pictures))
     return {"json": out / "cpu-study.json", "md": out / "cpu-study.md"}
+
+
+def relative_paths(obj: Any, out_dir: Path) -> Any:
+    """``obj`` with every absolute path of this machine written relative: under the study's
+    output folder relative to it (``warm-start/release``), else under the working folder
+    relative to that; a committed page or record names no folder of the machine that ran it.
+    Other strings are left as they are."""
+    roots = [Path(out_dir).resolve(), Path.cwd().resolve()]
+
+    def fix(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return {k: fix(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [fix(v) for v in x]
+        if isinstance(x, str) and x.startswith("/"):
+            path = Path(x)
+            for root in roots:
+                if path == root:
+                    return "."
+                if root in path.parents:
+                    return str(path.relative_to(root))
+        return x
+
+    return fix(obj)
 
 
 def _accuracy_rows(report: Mapping[str, Any]) -> list[str]:
@@ -73,8 +99,13 @@ def _warm_start_lines(results: Mapping[str, Any]) -> list[str]:
     return [f"- Every trained arm starts from a **public warm start** ({what}; {certified_rounds(cert)} "
             f"rounds, sha256 {warm['sha256'][:12]}...): "
             f"alone it scores **{s['warm_start_accuracy']:.1f}%** "
-            f"({_pp(s['warm_start_gain_pp'])} pp over the base). DP-GRPO over the warm start: "
+            f"({_pp(s['warm_start_gain_pp'])} pp over the base"
+            + (f", {100 * s['warm_start_share_of_dp_gain']:.0f}% of DP-GRPO's "
+               f"{_pp(s['dp_gain_pp'])} pp over the base"
+               if s.get("warm_start_share_of_dp_gain") is not None else "")
+            + f"). DP-GRPO over the warm start: "
             f"**{_pp(s['dp_vs_warm_start_pp'])} pp** {_ci(s['dp_vs_warm_start_ci'])}"
+            f"{_over_runs(s, 'dp_vs_warm_start')}"
             + (f"; of what non-private GRPO adds to the warm start, DP-GRPO keeps "
                f"{100 * share:.0f}%." if share is not None else
                "; non-private GRPO did not gain over the warm start here, so no share of its "
@@ -99,16 +130,22 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         f"{plan['n_eval']} eval problems, greedy, strict scorer; "
         f"{_seeds(plan['settings']['seeds'])} of each private arm, "
         f"{_seeds(plan['settings'].get('non_private_seeds', 1))} of the non-private arm "
-        "(accuracies averaged over seeds; the bootstrap resamples problems).", "",
+        "(accuracies averaged over seeds). Each headline interval is given twice: over "
+        "problems (the seeds held fixed), and over seeds and problems (each arm's seeds "
+        "resampled, then the problems), which counts how much training runs differ.", "",
         "## Headline", "",
         f"- Non-private GRPO over the base: **{_pp(s['nonprivate_gain_pp'])} pp** "
-        f"{_ci(s['nonprivate_gain_ci'])}{_seed_spread(results['report'], 'non-private', 'base')}.",
+        f"{_ci(s['nonprivate_gain_ci'])}{_over_runs(s, 'nonprivate_gain')}"
+        f"{_seed_spread(results['report'], 'non-private', 'base')}.",
         f"- DP-GRPO (epsilon {cert['epsilon']:.2f}) over the zero-advantage control: "
-        f"**{_pp(s['dp_vs_control_pp'])} pp** {_ci(s['dp_vs_control_ci'])}, MDE "
-        f"{s['dp_vs_control_mde']:.1f} pp; DP-GRPO over the base {_pp(s['dp_gain_pp'])} pp"
-        f"{_seed_spread(results['report'])}.",
+        f"**{_pp(s['dp_vs_control_pp'])} pp** {_ci(s['dp_vs_control_ci'])}"
+        f"{_over_runs(s, 'dp_vs_control')}, MDE {s['dp_vs_control_mde']:.1f} pp"
+        f"{_seed_spread(results['report'])}. DP-GRPO over the base: "
+        f"{_pp(s['dp_gain_pp'])} pp.",
+        *_few_seeds(s),
         *([(f"- DP-GRPO keeps **{100 * s['retained_share']:.0f}%** of the non-private gain "
-            f"({_pp(s['dp_gain_pp'])} of {_pp(s['nonprivate_gain_pp'])} pp), with "
+            f"over the base ({_pp(s['dp_gain_pp'])} of {_pp(s['nonprivate_gain_pp'])} pp)"
+            f"{_share_over_start(s)}, with "
             if s["retained_share"] <= 1 else
             f"- DP-GRPO gains **more** than non-private GRPO ({_pp(s['dp_gain_pp'])} against "
             f"{_pp(s['nonprivate_gain_pp'])} pp over the base, "
@@ -149,7 +186,10 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         f" of layers {cfg['model']['lora_layers'] or 'all'}"
         f"{_trained_part(cfg['model'])}.", "",
         "## Contrasts (strict, paired bootstrap 95% CI, Holm-adjusted exact McNemar)", "",
-        "| contrast | pp | 95% CI | MDE | Holm p |", "| --- | ---: | --- | ---: | ---: |",
+        "The McNemar test is exact for one seed pair; with several seeds the Holm p shown is "
+        "the largest over the seed pairs (each pair tested, Holm-adjusted in one family).", "",
+        "| contrast | pp | 95% CI, problems | 95% CI, seeds and problems | seeds | MDE "
+        "| Holm p (max over seeds) |", "| --- | ---: | --- | --- | --- | ---: | ---: |",
     ]
     shown = set()
     for row in _rows(results["report"]):
@@ -158,8 +198,10 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         shown.add((row["arm"], row["comparator"]))
         holm = [p for p in row.get("holm_p") or [] if p is not None]
         mde = "" if row.get("mde") is None else f"{row['mde']:.1f}"
+        seeds = "/".join(str(k) for k in row.get("n_seeds") or [])
         lines.append(f"| {row['arm']} - {row['comparator']} | {_pp(row['difference'])} | "
-                     f"{_ci(row['ci'])} | {mde} | {f'{max(holm):.2g}' if holm else ''} |")
+                     f"{_ci(row['ci'])} | {_ci(row.get('ci_runs'))} | {seeds} | {mde} | "
+                     f"{f'{max(holm):.2g}' if holm else ''} |")
     if results["sweep"]:
         lines += ["", "## Epsilon sweep (DP-GRPO vs the same control)", "",
                   "| epsilon | sigma | noise/signal | DP-GRPO acc. (%) | vs control (pp) | 95% CI "
@@ -213,9 +255,47 @@ def _seeds(n: int) -> str:
     return "one seed" if n == 1 else f"{n} seeds"
 
 
+def _over_runs(s: Mapping[str, Any], key: str) -> str:
+    """" over problems; [..] over seeds and problems (Welch's t over seeds p = ..)" for a
+    headline contrast with several seeds (nothing for a record without them)."""
+    ci = s.get(f"{key}_ci_runs")
+    if ci is None:
+        return ""
+    p = s.get(f"{key}_seed_p")
+    return (f" over problems, **{_ci(ci)} over seeds and problems**"
+            + (f" (Welch's t over seeds p = {p:.2g})" if p is not None else ""))
+
+
+def _share_over_start(s: Mapping[str, Any]) -> str:
+    """" and X% of it over the common public warm start (which alone gives Y% ...)"."""
+    share, alone = s.get("retained_share_over_warm_start"), s.get("warm_start_share_of_dp_gain")
+    if "warm_start_accuracy" not in s:
+        return ""
+    over = (f" and **{100 * share:.0f}%** of its gain over the common public warm start"
+            if share is not None else
+            " (non-private GRPO did not gain over the common public warm start)")
+    return over + (f"; the warm start alone gives {100 * alone:.0f}% of DP-GRPO's gain over "
+                   "the base" if alone is not None else "")
+
+
+def _few_seeds(s: Mapping[str, Any]) -> list[str]:
+    """A warning line when a headline claim rests on fewer than MIN_SEEDS_FOR_CLAIM seeds."""
+    from dpgrpo.evaluation.stats import MIN_SEEDS_FOR_CLAIM
+
+    seeds = [s[k] for k in ("nonprivate_gain_seeds", "dp_vs_control_seeds",
+                            "dp_vs_warm_start_seeds") if s.get(k) is not None]
+    if not seeds or min(seeds) >= MIN_SEEDS_FOR_CLAIM:
+        return []
+    return [f"- **Few runs.** These claims rest on {_seeds(min(seeds))} of an arm, fewer than "
+            f"{MIN_SEEDS_FOR_CLAIM}: RL runs differ a lot from seed to seed, so read the "
+            "intervals over seeds and problems, and rerun with `--seeds "
+            f"{MIN_SEEDS_FOR_CLAIM}` or more before making the claim."]
+
+
 def _seed_spread(report: Mapping[str, Any], arm: str = "dp-grpo",
                  comparator: str = "zero-advantage") -> str:
-    """Per-seed ``arm - comparator`` differences and their t-interval, with several seeds."""
+    """Per-seed ``arm - comparator`` differences and their t-interval, with several seeds,
+    labelled by the contrast they are seeds of."""
     row = next((r for r in _rows(report) if r["arm"] == arm
                 and r["comparator"] == comparator and r["scorer"] == "strict"), None)
     seeds = (row or {}).get("seeds") or {}
@@ -223,7 +303,7 @@ def _seed_spread(report: Mapping[str, Any], arm: str = "dp-grpo",
     if len(diffs) < 2:
         return ""
     t = seeds.get("t_interval")
-    return (f"; per seed {', '.join(_pp(d) for d in diffs)} pp"
+    return (f"; per seed of {arm} - {comparator}: {', '.join(_pp(d) for d in diffs)} pp"
             + (f" (t-interval over seeds {_ci(t)})" if t else ""))
 
 
