@@ -177,3 +177,23 @@ def test_a_full_resume_certifies_at_least_every_round_run(stopped_after_7, tmp_p
     assert cert["epsilon"] == pytest.approx(eps(17), rel=1e-12) and cert["epsilon"] >= eps(14)
     for name in JOURNALS:
         assert scan(run_dir / "recovery" / name, Q, SIGMA).rounds == 17
+
+
+def test_the_study_resumes_a_folder_whose_journals_are_lost_and_charges_what_ran(
+        tiny_model_dir, tmp_path):
+    """A study run interrupted before its first checkpoint, both journal files then lost:
+    only recovery/config.json is left. The study's runner resumes it (it used to start it
+    fresh, charging nothing for the rounds already run), so the certificate charges at least
+    the 2 rounds run before plus the 4 of the finished run."""
+    from dpgrpo.experiments.study_steps import _train_once
+
+    config = tiny_config(tiny_model_dir, "train.rounds=4", "train.checkpoint_every=5")
+    run_dir = tmp_path / "run"
+    trainer.train(config, run_dir, stop_after=2)
+    for name in JOURNALS:
+        (run_dir / "recovery" / name).unlink()
+    assert (run_dir / "recovery" / "config.json").exists()
+    assert not (run_dir / "release").exists() and not (run_dir / "recovery" / "ledger.json").exists()
+    cert = _train_once(config, run_dir)
+    assert cert["rounds_charged"] >= 2 + 4
+    assert cert["epsilon"] >= eps(6) - 1e-9

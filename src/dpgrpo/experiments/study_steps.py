@@ -151,7 +151,10 @@ def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
 
     check_run_dir(config, run_dir)   # a folder holding another run is refused, never resumed
     if not release_complete(run_dir, config.train.rounds):
-        resume = RunDir(run_dir).has_charges()
+        # recovery/config.json is written before round 1: rounds may have run even when both
+        # journal files are gone, and only a resume charges them (rundir.resume's worst case)
+        layout = RunDir(run_dir)
+        resume = layout.has_charges() or layout.config_json.exists()
         train(None if resume else config, run_dir, resume=resume)
     return json.loads((run_dir / "release" / "certificate.json").read_text())
 
