@@ -201,3 +201,13 @@ def test_a_release_with_a_nan_tensor_is_refused_and_the_old_one_kept(tiny_model_
     monkeypatch.undo()
     with pytest.raises(ReleaseError, match="non-finite"):
         check_publishable(release, force=True)
+
+
+def test_make_task_itself_refuses_a_non_finite_reward_weight():
+    """The task refuses the weight where it is given (dpgrpo.make_task), not only the trainer."""
+    import dpgrpo
+
+    for bad in (math.nan, math.inf, 1e7):
+        with pytest.raises(ConfigError, match=r"task 'custom': reward_weights must be finite"):
+            dpgrpo.make_task([{"question": "1 + 1?", "answer": "2"}],
+                             rewards=[lambda completion, problem: 1.0], reward_weights=[bad])

@@ -81,6 +81,12 @@ class RewardTask(VerifiedTask):
         if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_fns):
             raise ConfigError(f"task {self.name!r}: {len(self.reward_weights)} reward_weights "
                               f"for {len(self.reward_fns)} reward functions")
+        from dpgrpo.config.values import check_weights
+
+        try:                                 # a NaN weight makes every reward 0: no signal
+            check_weights(self.reward_weights)
+        except ConfigError as err:
+            raise ConfigError(f"task {self.name!r}: {err}") from None
 
     def group_rewards(self, responses: Sequence[str], problem: Problem,
                       completion_ids: Sequence[Sequence[int]] | None = None) -> list[float]:
