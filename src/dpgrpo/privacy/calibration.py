@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from scipy import optimize
 
@@ -80,49 +81,125 @@ class _Search:
         return _eps_single(self.q, sigma, self.rounds, self.delta, vdi) - self.target
 
 
-def _coarse_root(s: _Search) -> tuple[float, float]:
-    """Root of the coarse epsilon gap: brentq on a 1e-2 grid, then secant steps on finer grids.
+#: the largest sigma calibration considers (config caps privacy.noise_multiplier far higher)
+SIGMA_CEILING = 1e4
+#: a Newton step on the 1e-3 grid is taken only if it moves sigma by at most this fraction
+NEWTON_TRUST = 0.1
 
-    Returns (sigma estimate, d eps / d sigma). Nothing here certifies privacy; it only aims the
-    two exact evaluations that follow.
+
+class _NoBracket(Exception):
+    """:func:`_bracket_decreasing` reached ``floor`` (``at_floor``) or ``ceiling`` unbracketed."""
+
+    def __init__(self, at_floor: bool, x: float) -> None:
+        super().__init__(f"no sign change before {'floor' if at_floor else 'ceiling'} {x:g}")
+        self.at_floor = at_floor
+        self.x = x
+
+
+def _bracket_decreasing(f: Callable[[float], float], x0: float, *, floor: float,
+                        ceiling: float, factor: float = 2.0) -> tuple[float, float]:
+    """(lo, hi) with ``f(lo) > 0 >= f(hi)`` and ``hi <= factor * lo``, for f non-increasing.
+
+    Steps geometrically from ``x0`` (times ``factor`` while f > 0, divided by it while f <= 0),
+    clamped to [floor, ceiling] with ``0 < floor``, so no point tried is ever below ``floor``
+    (in particular never <= 0) or above ``ceiling``. Raises :class:`_NoBracket` when f is still
+    > 0 at ``ceiling`` or still <= 0 at ``floor``.
     """
-    def unreachable() -> PrivacyBudgetError:
-        return PrivacyBudgetError(
-            f"epsilon={s.target} is unreachable: sigma would exceed 1e4 "
-            f"(q={s.q:.4g}, T={s.rounds}, delta={s.delta:.3g})")
+    if not 0 < floor <= x0 <= ceiling or not factor > 1:
+        raise ValueError(f"need 0 < floor <= x0 <= ceiling and factor > 1, got "
+                         f"{floor}, {x0}, {ceiling}, {factor}")
+    x = x0
+    if f(x) > 0:
+        while True:
+            if x >= ceiling:
+                raise _NoBracket(False, ceiling)
+            lo, x = x, min(x * factor, ceiling)
+            if f(x) <= 0:
+                return lo, x
+    while True:
+        if x <= floor:
+            raise _NoBracket(True, floor)
+        hi, x = x, max(x / factor, floor)
+        if f(x) > 0:
+            return x, hi
 
-    if s.gap(1.0, 1e-2) > 0:  # too little noise at sigma = 1: grow
-        lo, hi = 1.0, 2.0
-        while s.gap(hi, 1e-2) > 0:
-            lo, hi = hi, hi * 2.0
-            if hi > 1e4:
-                raise unreachable()
-    else:  # enough noise: shrink until the target is missed, never below the accountant's floor
-        floor = min_sigma()
-        lo, hi = 0.5, 1.0
-        while s.gap(lo, 1e-2) <= 0:  # the 1e-2 grid overstates epsilon: met here, met exactly
-            if lo <= floor:
-                raise PrivacyBudgetError(
-                    f"epsilon={s.target} is met by a noise multiplier below {floor:.3g}, the "
-                    "smallest the PLD accountant can evaluate (dpgrpo.privacy.limits: its grid "
-                    "would outgrow memory), so no sigma for it can be certified; choose a "
-                    f"smaller epsilon (q={s.q:.4g}, T={s.rounds}, delta={s.delta:.3g})")
-            lo, hi = max(lo / 2.0, floor), lo
-    sigma = optimize.brentq(lambda x: s.gap(x, 1e-2), lo, hi, rtol=1e-6)
-    # Slope on the 1e-3 grid by a secant over a 1e-4 relative step; the gap at sigma is then
-    # extrapolated to the default grid (the pessimistic grid error shrinks like vdi**2,
-    # measured exponent ~2.05) and one Newton step aims at the exact root.
-    step = sigma * 1e-4
-    g3 = s.gap(sigma, 1e-3)
-    slope = min((s.gap(sigma + step, 1e-3) - g3) / step, -1e-12)
-    sigma = sigma - g3 / slope  # one Newton step on the 1e-3 grid
-    g3 = s.gap(sigma, 1e-3)
+
+def _grid_root(s: _Search, vdi: float, x0: float, floor: float) -> float | None:
+    """Root of the epsilon gap on the ``vdi`` grid, bracketed from ``x0``; None if that grid
+    still misses the target at :data:`SIGMA_CEILING` (its pessimism grows with T)."""
+    try:
+        lo, hi = _bracket_decreasing(lambda x: s.gap(x, vdi), x0, floor=floor,
+                                     ceiling=SIGMA_CEILING)
+    except _NoBracket as err:
+        if err.at_floor:  # a coarse grid overstates epsilon: met here, met exactly
+            raise PrivacyBudgetError(
+                f"epsilon={s.target} is met by a noise multiplier below {floor:.3g}, the "
+                "smallest the PLD accountant can evaluate (dpgrpo.privacy.limits: its grid "
+                "would outgrow memory), so no sigma for it can be certified; choose a "
+                f"smaller epsilon (q={s.q:.4g}, T={s.rounds}, delta={s.delta:.3g})") from None
+        return None
+    return float(optimize.brentq(lambda x: s.gap(x, vdi), lo, hi, rtol=1e-6))
+
+
+def _coarse_root(s: _Search) -> tuple[float, float]:
+    """Root of the coarse epsilon gap: brentq on a 1e-2 grid, then on finer grids.
+
+    Returns (sigma estimate, d eps / d sigma), the estimate always within [floor, 1e4].
+    Nothing here certifies privacy; it only aims the exact evaluations that follow.
+
+    The 1e-2 grid's pessimism accumulates over the T rounds: at T = 10^6 (q = 0.1, delta =
+    1/400) its root is sigma ~164 where the exact root is ~45 (epsilon 8 on the 1e-2 grid,
+    1.9 on the 1e-3 one). A Newton step from so far off landed at sigma = -434, so a step is
+    taken only within :data:`NEWTON_TRUST`; otherwise the 1e-3 grid is bracketed and solved
+    itself. For the same reason a miss on the 1e-2 grid at sigma = 1e4 does not make the
+    target unreachable; only an exact evaluation there does.
+    """
+    floor = min_sigma()
+    sigma_from_bracket = False  # True: sigma is the 1e-3 grid's root, bracketed and solved
+    sigma = _grid_root(s, 1e-2, 1.0, floor)
+    if sigma is None:  # the 1e-2 grid misses even at the ceiling: does the exact one?
+        s.exact[SIGMA_CEILING] = _eps_single(s.q, SIGMA_CEILING, s.rounds, s.delta,
+                                             DEFAULT_DISCRETIZATION)
+        if s.exact[SIGMA_CEILING] > s.target:
+            raise PrivacyBudgetError(
+                f"epsilon={s.target} is unreachable: sigma would exceed {SIGMA_CEILING:g} "
+                f"(q={s.q:.4g}, T={s.rounds}, delta={s.delta:.3g})")
+        sigma = _grid_root(s, 1e-3, SIGMA_CEILING, floor)
+        if sigma is None:  # met exactly at the ceiling, missed on both coarse grids
+            return SIGMA_CEILING, -1e-12
+        sigma_from_bracket = True
+    else:
+        # Slope on the 1e-3 grid by a secant over a 1e-4 relative step, then one Newton step
+        # on that grid, if the step is small enough for the gap to be near linear.
+        g3 = s.gap(sigma, 1e-3)
+        step = sigma * 1e-4
+        slope = min((s.gap(sigma + step, 1e-3) - g3) / step, -1e-12)
+        newton = sigma - g3 / slope
+        if abs(newton - sigma) <= NEWTON_TRUST * sigma:
+            sigma = newton
+            g3 = s.gap(sigma, 1e-3)
+        else:
+            root = _grid_root(s, 1e-3, sigma, floor)
+            if root is None:
+                return SIGMA_CEILING, -1e-12
+            sigma = root
+            sigma_from_bracket = True
+    if sigma_from_bracket:  # slope and gap at the 1e-3 grid's root
+        step = sigma * 1e-4
+        g3 = s.gap(sigma, 1e-3)
+        slope = min((s.gap(sigma + step, 1e-3) - g3) / step, -1e-12)
+    # The gap at sigma is extrapolated to the default grid (the pessimistic grid error shrinks
+    # like vdi**2, measured exponent ~2.05) and one Newton step aims at the exact root.
     tic = time.perf_counter()
     g5 = s.gap(sigma, 5e-4)
     s.fine_cost_estimate = 5.0 * (time.perf_counter() - tic)  # exact grid: ~5x the 5e-4 cost
     v3, v5, vf = 1e-3, 5e-4, DEFAULT_DISCRETIZATION
     g_fine = g5 - (g3 - g5) * (v5**2 - vf**2) / (v3**2 - v5**2)
-    return sigma - g_fine / slope, slope
+    guess = sigma - g_fine / slope
+    # the same trust region: _certify walks from the guess, which only has to be positive
+    guess = min(max(guess, sigma * (1 - NEWTON_TRUST), floor), sigma * (1 + NEWTON_TRUST),
+                SIGMA_CEILING)
+    return guess, slope
 
 
 class _ExactWorker:
