@@ -31,10 +31,10 @@ def test_a_hanging_part_is_killed_recorded_and_the_suite_moves_on(tmp_path):
     hang = gpu_suite.Part("hang", (sys.executable, "-c",
                                    "import subprocess, sys, time;"
                                    "subprocess.Popen([sys.executable, '-c', 'import time;"
-                                   " time.sleep(60)']); print('{\"x\": 1}', flush=True);"
-                                   " time.sleep(60)"), budget_s=2)
+                                   " time.sleep(600)']); print('{\"x\": 1}', flush=True);"
+                                   " time.sleep(600)"), budget_s=2)
     record = gpu_suite.run_part(hang, 2.0, tmp_path)
-    assert record["status"] == "timeout" and record["seconds"] < 10
+    assert record["status"] == "timeout" and record["seconds"] < 60  # killed, not waited out
     crash = gpu_suite.Part("crash", (sys.executable, "-c", "raise SystemExit('no GPU here')"), 5)
     record = gpu_suite.run_part(crash, 5.0, tmp_path)
     assert record["status"] == "failed" and "no GPU here" in record["error"]

@@ -14,8 +14,8 @@ from dpgrpo.tasks.symbolic import parse_answer, pathology, symbolic_equal
 
 def test_signal_bound_interrupts_and_returns_value_otherwise() -> None:
     start = time.monotonic()
-    assert run_bounded(time.sleep, (5,), 0.2, mode="signal") == (None, True)
-    assert time.monotonic() - start < 2.0
+    assert run_bounded(time.sleep, (600,), 0.2, mode="signal") == (None, True)
+    assert time.monotonic() - start < 60  # interrupted, long before the 600 s sleep ends
     assert run_bounded(divmod, (7, 2), 1.0, mode="signal") == ((3, 1), False)
 
 
@@ -26,10 +26,11 @@ def test_signal_bound_restores_the_callers_timer_and_handler() -> None:
 
     previous = signal.signal(signal.SIGALRM, handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 5.0)
+        signal.setitimer(signal.ITIMER_REAL, 600.0)
         run_bounded(divmod, (1, 1), 1.0, mode="signal")
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
-        assert 3.0 < remaining <= 5.0  # the outer timer is still armed, minus elapsed time
+        # the outer timer is still armed, minus elapsed time (not disarmed, not the 1 s bound)
+        assert 60.0 < remaining <= 600.0
         assert signal.getsignal(signal.SIGALRM) is handler and not fired
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
@@ -57,15 +58,15 @@ def test_worker_process_bound_from_a_thread() -> None:
 
     def body() -> None:
         start = time.monotonic()
-        results["slow"] = run_bounded(time.sleep, (30,), 0.5)
+        results["slow"] = run_bounded(time.sleep, (600,), 0.5)
         results["slow_s"] = time.monotonic() - start
-        results["equal"] = symbolic_equal("\\frac12", "0.5", timeout_s=30)
+        results["equal"] = symbolic_equal("\\frac12", "0.5", timeout_s=120)
 
-    thread = threading.Thread(target=body)
+    thread = threading.Thread(target=body, daemon=True)
     thread.start()
-    thread.join(timeout=120)
+    thread.join(timeout=300)
     assert results["slow"] == (None, True)
-    assert results["slow_s"] < 15  # includes the worker's start-up
+    assert results["slow_s"] < 60  # killed long before the 600 s sleep (worker start-up included)
     assert results["equal"].equal and not results["equal"].timed_out
 
 
@@ -100,12 +101,12 @@ def test_the_whole_scorer_runs_under_the_bound() -> None:
     start = time.monotonic()
     verdict = bounded_score(stalls, "x", Problem("p", "q", "1"), timeout_s=0.2)
     assert verdict.timed_out and not verdict.correct and verdict.extracted is None
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 60  # cut off: the extraction never ends by itself
     # A real scorer whose fallback extraction is superlinear on this input is cut off too.
     robust = get_task("math", check_timeout_s=0.3).scorers()["robust"]
     start = time.monotonic()
     verdict = robust("\\(" * 40_000, Problem("p", "q", "1"))
-    assert time.monotonic() - start < 2.0 and not verdict.correct
+    assert verdict.timed_out and not verdict.correct and time.monotonic() - start < 60
 
 
 def test_a_swallowed_timeout_is_raised_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,11 +126,11 @@ def test_a_swallowed_timeout_is_raised_again(monkeypatch: pytest.MonkeyPatch) ->
         del holder
         gc.collect()
         assert ref() is None
-        give_up = time.monotonic() + 5.0  # without a second alarm the call would run on
+        give_up = time.monotonic() + 600.0  # without a second alarm the call would run on
         while time.monotonic() < give_up:
             pass
 
     start = time.monotonic()
     assert run_bounded(stubborn, (), 0.2, mode="signal") == (None, True)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 60  # the second alarm ended it, not the 600 s give-up
     assert swallowed and swallowed[0].__name__ == "CheckTimeout"

@@ -138,17 +138,19 @@ def test_boxes_nested_too_deep_are_skipped() -> None:
 
 
 @pytest.mark.parametrize("text", [NESTED, UNTERMINATED], ids=["nested", "unterminated"])
-def test_adversarial_answers_score_within_a_second(text: str) -> None:
+def test_adversarial_answers_score_within_the_bound(text: str) -> None:
     import time
 
     from dpgrpo.tasks import Problem, get_task
 
     for task in ("math", "gsm8k", "svamp", "arithmetic", "csqa"):
-        spec = get_task(task)  # the default 10 s bound: only linear work finishes in time
+        # a 600 s bound, so a check cut off at it fails the 60 s below: only linear work (or
+        # a guard's refusal) answers in time, however loaded the machine
+        spec = get_task(task, check_timeout_s=600)
         problem = Problem("p", "q", "A" if task == "csqa" else "1",
                           choices=(("A", "a"), ("B", "b")) if task == "csqa" else None)
         for role, scorer in spec.scorers().items():
             start = time.perf_counter()
             verdict = scorer(text, problem)
-            assert time.perf_counter() - start < 1.0, (task, role)
+            assert time.perf_counter() - start < 60, (task, role)
             assert not (task == "math" and verdict.correct)

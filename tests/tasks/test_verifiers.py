@@ -81,10 +81,12 @@ def test_math_strict_reports_what_it_read() -> None:
     "\\boxed{" + "(" * 25 + "1" + ")" * 25 + "}",
 ])
 def test_math_guard_refuses_pathological_answers_fast(response: str) -> None:
+    # a 600 s bound: only the guard (refusing before the check) answers within 60 s
+    task = get_task("math", check_timeout_s=600)
     start = time.monotonic()
-    verdict = MATH.verify(response, math_problem("1"))
+    verdict = task.verify(response, math_problem("1"))
     assert not verdict.correct and verdict.timed_out
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < 60
 
 
 def test_math_guard_lets_large_but_feasible_powers_through() -> None:
@@ -97,7 +99,7 @@ def test_math_slow_check_times_out_and_counts_wrong() -> None:
     start = time.monotonic()
     verdict = task.verify("\\boxed{x^{20000}+1}", math_problem("(x+1)^{20000}"))
     assert (verdict.correct, verdict.timed_out) == (False, True)
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 60  # cut off at the bound, not run to the end
     assert task.reward("\\boxed{x^{20000}+1}", math_problem("(x+1)^{20000}")) == 0.0
 
 
