@@ -55,11 +55,14 @@ def test_release_files_and_model_card(release):
 
     meta = metadata_load(release / "README.md")
     base = json.loads((release / "adapter_config.json").read_text())["base_model_name_or_path"]
-    assert meta["base_model"] == base and meta["library_name"] == "peft"
+    # the base is a folder of this machine here (so that it loads offline): the card names no
+    # path and no base_model (a hub id there: test_api's README example)
+    assert "base_model" not in meta and meta["library_name"] == "peft"
+    assert base not in (release / "README.md").read_text()
     assert meta["pipeline_tag"] == "text-generation"
-    assert {f"base_model:adapter:{base}", "lora", "dpgrpo", "differential-privacy"} <= set(meta["tags"])
+    assert {"lora", "dpgrpo", "differential-privacy"} <= set(meta["tags"])
     body = (release / "README.md").read_text().split("---\n", 2)[2]
-    assert "(3.5, 1e-05)-DP" in body and "Status: releasable" in body
+    assert "(3.50, 1e-05)-DP" in body and "Status: releasable" in body
 
 
 def test_peft_auto_peft_and_auto_model_load_the_release(release, tiny_model_dir):

@@ -50,7 +50,8 @@ def test_release_and_recovery_split(tiny_model_dir, tmp_path):
     assert cert["q"] == 0.1 and cert["sigma"] == 1.0 and cert["clip_norm"] == 0.055
     assert cert["n"] == 40 and cert["rounds"] == 4 and cert["rounds_charged"] == 4
     adapter_cfg = json.loads((release / "adapter_config.json").read_text())
-    assert adapter_cfg["base_model_name_or_path"] == str(tiny_model_dir)  # the config's name
+    # a local folder is named by its basename, never by this machine's path (issue 57)
+    assert adapter_cfg["base_model_name_or_path"] == f"local model {tiny_model_dir.name}"
     assert cert["neighbouring_relation"] == "add-or-remove-one" and cert["releasable"] is True
     assert cert["arm"] == "dp-grpo" and "dp-accounting" in cert["accountant_version"]
     # Private training-time data and generator states live only in recovery/.

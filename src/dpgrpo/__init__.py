@@ -12,6 +12,9 @@ The top-level API (docs: :mod:`dpgrpo.api`)::
   list of dicts or :class:`~dpgrpo.tasks.Problem`, or a ``datasets.Dataset``) with reward
   functions ``(completion, problem) -> float`` or TRL's, on a model name or a model object;
 * :func:`evaluate` is ``dpgrpo eval``; :func:`make_task` builds a task from problems and rewards;
+* :func:`check_release` is ``dpgrpo release check`` (files against the certificate's sha256,
+  finite weights, epsilon recomputed: a :class:`ReleaseCheck`); :func:`load_release` applies a
+  release to its base (offline for the alias ``smollm2-135m``);
 * coming from TRL (docs/coming-from-trl.md): ``prompt``-column datasets, TRL reward functions
   (:func:`trl_reward`) and :func:`from_trl_config` for a ``GRPOConfig``'s options;
 * :class:`RunConfig` and its sections (:class:`ModelConfig`, :class:`DataConfig`,
@@ -52,7 +55,8 @@ _LAZY = {"train": "dpgrpo.api", "evaluate": "dpgrpo.api", "prepare": "dpgrpo.api
          "RewardTask": "dpgrpo.tasks.custom", "Problem": "dpgrpo.tasks.base",
          "get_task": "dpgrpo.tasks", "push_release": "dpgrpo.release.publish",
          "from_trl_config": "dpgrpo.config.trl", "TRLSettings": "dpgrpo.config.trl",
-         "trl_reward": "dpgrpo.tasks.trl_rewards"}
+         "trl_reward": "dpgrpo.tasks.trl_rewards", "check_release": "dpgrpo.release.check",
+         "ReleaseCheck": "dpgrpo.release.check", "load_release": "dpgrpo.release.load"}
 
 
 def __getattr__(name: str) -> Any:
@@ -69,8 +73,9 @@ __all__ = [
     "__version__",
     "AuditConfig", "DataConfig", "ModelConfig", "PrivacyConfig", "RunConfig", "TrainConfig",
     "embedded_default", "load_config",
-    "Problem", "RewardTask", "TRLSettings", "TrainResult", "evaluate", "from_trl_config",
-    "get_task", "make_task", "prepare", "push_release", "train", "trl_reward",
+    "Problem", "ReleaseCheck", "RewardTask", "TRLSettings", "TrainResult", "check_release",
+    "evaluate", "from_trl_config", "get_task", "load_release", "make_task", "prepare",
+    "push_release", "train", "trl_reward",
     "ConfigError", "DataError", "DPGRPOError", "PrivacyBudgetError", "PrivacyError",
     "ReleaseError",
 ]

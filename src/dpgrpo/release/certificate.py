@@ -80,9 +80,10 @@ def adapter_statement(model: ModelConfig, coordinates: int,
     """What the adapter trains, what stays frozen and where it started (the certificate's
     ``adapter``): every coordinate of ``trainable_coordinates`` is noised every round."""
     from dpgrpo.config import KL_REFERENCE, LORA_TRAIN
+    from dpgrpo.model import public_name
 
     init = None if model.init_adapter is None else {
-        "path": model.init_adapter, "sha256": init_sha256, "keep": model.init_adapter_keep,
+        "path": public_name(model.init_adapter),  # never a path of this machine "sha256": init_sha256, "keep": model.init_adapter_keep,
         "public_input": "a warm start is public input (assumption A1): it must have been "
                         "trained without this run's private data; the guarantee covers what "
                         "this run adds to it"}
@@ -96,6 +97,8 @@ def adapter_statement(model: ModelConfig, coordinates: int,
 
 def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
     """The privacy certificate written to release/certificate.json."""
+    from dpgrpo.model import public_name  # an alias or hub id as it is; never a machine path
+
     cfg = run.config
     arm = arm_spec(cfg.train.arm)
     eps = ledger.epsilon(run.delta) if cfg.private else math.inf
@@ -119,7 +122,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
         "noise_generator": GENERATOR, "record_randomness": RECORD_GENERATOR,
         "trainable_coordinates": run.coordinates,
         "adapter": adapter_statement(cfg.model, run.coordinates, run.init_adapter_sha256),
-        "model": cfg.model.name, "task": cfg.data.task, "group_size": cfg.train.group_size,
+        "model": public_name(cfg.model.name), "task": cfg.data.task, "group_size": cfg.train.group_size,
         "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
         "record_isolation": record_isolation(cfg.train.rollout_isolation,
                                              cfg.train.rollout_engine, cfg.data.privacy_unit),

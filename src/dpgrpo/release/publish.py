@@ -1,6 +1,7 @@
 """Publishing a release: :func:`push_release` uploads release/ (never recovery/) to the
 Hugging Face hub, after :func:`check_publishable` has verified it is a complete, untampered
-release whose certificate says releasable (light: no torch at import)."""
+release (:func:`dpgrpo.release.check.check_release`: files against the certificate's sha256,
+finite tensors) whose certificate says releasable (light: no torch at import)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from dpgrpo.errors import ConfigError, ReleaseError
-from dpgrpo.release.files import (
-    RELEASE_FILES,
-    read_certificate,
-    release_dir_of,
-    verify_release_files,
-)
+from dpgrpo.release.check import check_release
+from dpgrpo.release.files import RELEASE_FILES, release_dir_of
 
 
 def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, Any]:
@@ -29,11 +26,10 @@ def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, An
     for name in ("adapter_model.safetensors", "adapter_config.json", "certificate.json"):
         if not (release_dir / name).is_file():
             raise ReleaseError(f"{release_dir} is not a complete release (no {name})")
-    cert = read_certificate(release_dir)
-    verify_release_files(release_dir, cert)
-    from dpgrpo.release.write import check_finite_adapter  # torch, at call time only
-
-    check_finite_adapter(release_dir / "adapter_model.safetensors")  # never with --force
+    # every file against the certificate's sha256, every tensor finite: never with --force
+    checked = check_release(release_dir, epsilon=False)
+    checked.raise_for_failure()
+    cert = checked.certificate
     if not cert.get("releasable") and not force:
         raise ReleaseError(f"{release_dir}: the certificate says NOT releasable "
                            f"({cert.get('not_releasable_because', 'no reason given')}); "

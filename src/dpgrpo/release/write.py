@@ -96,8 +96,17 @@ def _model_card(release: Path) -> str:
     meta = (metadata_load(card) if card.exists() else None) or {}
     adapter = json.loads((release / "adapter_config.json").read_text())
     base = adapter.get("base_model_name_or_path") or meta.get("base_model")
+    if base:
+        from dpgrpo.model import LOCAL_MODEL, public_name
+
+        base = public_name(str(base))  # a folder of this machine: "local model <basename>"
+        if base.startswith(LOCAL_MODEL):  # not a hub id: the card's text names it instead
+            base = None
     tags = [t for t in meta.get("tags", []) if not str(t).startswith("base_model:")]
-    meta.update(base_model=base, library_name="peft")
+    meta.pop("base_model", None)
+    if base:
+        meta["base_model"] = base
+    meta["library_name"] = "peft"
     meta.setdefault("pipeline_tag", "text-generation")
     meta["tags"] = [*([f"base_model:adapter:{base}"] if base else []), *tags,
                     *(t for t in ("dpgrpo", "differential-privacy", "grpo") if t not in tags)]
@@ -105,13 +114,17 @@ def _model_card(release: Path) -> str:
 
 
 def _release_readme(cert: dict[str, Any]) -> str:
-    eps = cert.get("epsilon")
+    from dpgrpo.release.check import format_delta, format_epsilon
+
+    # people read rounded figures; certificate.json keeps the exact values
+    eps, delta = format_epsilon(cert.get("epsilon")), format_delta(cert.get("delta"))
     status = ("releasable" if cert.get("releasable") else
               "NOT releasable (seeded generators or a non-private arm)")
     protects = ""
     if isinstance(cert.get("replace_one"), dict):  # what each figure protects (privacy/neighbours.py)
         def fig(f: dict[str, Any]) -> str:
-            return f"({f.get('epsilon'):.4g}, {f.get('delta'):.3g}) [{f.get('method')}]"
+            return (f"({format_epsilon(f.get('epsilon'))}, {format_delta(f.get('delta'))}) "
+                    f"[{f.get('method')}]")
 
         groups = "; ".join(f"k = {g.get('group')}: {fig(g)}" for g in cert.get("group_privacy", []))
         protects = (
@@ -124,15 +137,23 @@ def _release_readme(cert: dict[str, Any]) -> str:
             "guarantee; `dpgrpo privacy convert --ledger certificate.json --delta DELTA --group K` "
             "computes any k.\n\n")
     return (f"# dpgrpo release\n\nLoRA adapter for `{cert.get('model')}` trained with arm "
-            f"`{cert.get('arm')}`.\n\nGuarantee: ({eps}, {cert.get('delta')})-DP with respect to "
+            f"`{cert.get('arm')}`.\n\nGuarantee: ({eps}, {delta})-DP with respect to "
             f"adding or removing one training prompt (n = {cert.get('n')} public slots), "
             f"{cert.get('rounds_charged')} rounds of the Poisson-subsampled Gaussian mechanism "
-            f"(q = {cert.get('q')}, sigma = {cert.get('sigma')}), accounted with "
-            f"{cert.get('accountant')}. Status: {status}.\n\n{protects}Load with "
-            "`peft.PeftModel.from_pretrained(base_model, this_directory)`, "
+            f"(q = {_figure(cert.get('q'))}, sigma = {_figure(cert.get('sigma'))}), accounted with "
+            f"{cert.get('accountant')}. Status: {status}.\n\n{protects}Check it with "
+            "`dpgrpo release check this_directory` (files against the certificate's sha256, "
+            "finite weights, epsilon recomputed). Load it with "
+            "`dpgrpo.load_release(this_directory)` (the base as trained, offline for the alias "
+            "`smollm2-135m`), `peft.PeftModel.from_pretrained(base_model, this_directory)`, "
             "`peft.AutoPeftModelForCausalLM.from_pretrained(this_directory)` or (with peft "
-            "installed) `transformers.AutoModelForCausalLM.from_pretrained(this_directory)`; "
+            "installed) `transformers.AutoModelForCausalLM.from_pretrained(this_directory)` "
+            "(these two fetch the base named above from the hub); "
             f"see certificate.json and {RELEASE_CONFIG} (the public training config).\n")
+
+
+def _figure(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 __all__ = ["check_finite_adapter", "write_release"]
