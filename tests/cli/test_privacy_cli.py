@@ -12,8 +12,9 @@ from dpgrpo.privacy.accounting import PrivacyLedger, compute_epsilon
 
 
 def _dpgrpo(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpgrpo", *args], capture_output=True, text=True,
-                          timeout=300)
+    # no wall-clock limit here: a loaded CI machine may take longer than any fixed one, and
+    # CI's own job timeout ends a hang (issue 57)
+    return subprocess.run([sys.executable, "-m", "dpgrpo", *args], capture_output=True, text=True)
 
 
 def test_calibrate_json_contract():
