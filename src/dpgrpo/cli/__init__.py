@@ -15,13 +15,15 @@ from __future__ import annotations
 import errno
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from dpgrpo import __version__
 from dpgrpo.errors import DPGRPOError
 from dpgrpo.rundir.atomic import full_message, read_only_message
+
+#: Exit status after Ctrl-C (128 + SIGINT), as a shell reports it.
+INTERRUPTED = 130
 
 app = typer.Typer(
     name="dpgrpo",
@@ -39,10 +41,31 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Optional[bool] = typer.Option(
-        None, "--version", callback=_version, is_eager=True,
+def _root(version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True,
         help="Print the version and exit.")) -> None:
     """RLVR (GRPO) under prompt-level differential privacy."""
+
+
+def _flags_take_no_value() -> None:
+    """Help shows no type for a flag: typer (0.2x) prints ``<bool>`` beside every flag, --help
+    included, as if it took a value (issue 57). A flag's row keeps its name(s) and help."""
+    try:
+        from typer.core import TyperOption
+    except ImportError:  # pragma: no cover - another typer layout: its own help stands
+        return
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "dpgrpo_flags", False):
+        return
+
+    def display_type_rich(self, ctx):  # noqa: ANN001, ANN202 - typer's signature
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich.dpgrpo_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
 
 
 def _register_all() -> None:
@@ -69,9 +92,20 @@ _register_all()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the ``dpgrpo`` console script."""
+    """Entry point of the ``dpgrpo`` console script (through :func:`dpgrpo.__main__.main`,
+    which also turns a Ctrl-C during the imports into one line and exit status 130)."""
+    from dpgrpo.cli._progress import interrupted_said, reset_interrupted
+
+    reset_interrupted()
     try:
         app(args=argv, standalone_mode=True)
+    except SystemExit as done:  # typer turns Ctrl-C in a command into a silent exit 130
+        if done.code == INTERRUPTED and not interrupted_said():
+            typer.secho("interrupted", err=True, fg="yellow")
+        raise
+    except KeyboardInterrupt:  # outside a command (building the app, parsing)
+        typer.secho("interrupted", err=True, fg="yellow")
+        sys.exit(INTERRUPTED)
     except DPGRPOError as err:
         typer.secho(f"error: {err}", err=True, fg="red")
         sys.exit(2)

@@ -44,9 +44,9 @@ def _settings(samples: int, temperature: float, max_new_tokens: int | None, batc
 def mia(
     run: Path = typer.Option(..., "--run", help="Run directory (with release/)."),
     members: str = typer.Option(..., "--members",
-                                help="Members: JSONL file or TASK:SPLIT[a:b]."),
+                                help="Members: JSONL file or TASK:SPLIT\\[a:b]."),
     nonmembers: str = typer.Option(..., "--nonmembers",
-                                   help="Non-members: JSONL file or TASK:SPLIT[a:b]."),
+                                   help="Non-members: JSONL file or TASK:SPLIT\\[a:b]."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (not inside a release)."),
     task: str | None = _TASK,
     data_dir: Path | None = typer.Option(None, "--data-dir",
@@ -89,6 +89,10 @@ def mia(
     from dpgrpo.audit.sequential import front_end_rule
 
     check_out_dir(out)
+    from dpgrpo.cli._progress import say
+
+    say(f"DIBA: loading the release and its base, sampling {samples} responses per candidate "
+        "from each (minutes on a CPU) ...")
     outcome = run_mia(run, members, nonmembers, task=task, data_dir=data_dir,
                       settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch,
                                          diba_sampling),
@@ -141,6 +145,10 @@ def canary(
     from dpgrpo.audit.report import check_out_dir, write_canary_report
 
     check_out_dir(out)
+    from dpgrpo.cli._progress import say
+
+    say(f"canary audit: loading the release and its base, sampling {samples} responses per "
+        "canary (minutes on a CPU) ...")
     outcome = run_canary_audit(
         run, k_plus=k_plus, k_minus=k_minus, confidence=confidence, delta=delta, signal=signal,
         task=task, settings=_settings(samples, temperature, max_new_tokens, prompts_per_batch,
@@ -161,11 +169,14 @@ def mechanism(
                                     "with its release/certificate.json (n, q, T, sigma, C, d)."),
     config: Path | None = typer.Argument(None, help="Or a run config (TOML): its n "
                                          "(data.n_slots or --n), q, T, C and calibrated sigma."),
-    n: int | None = typer.Option(None, "--n", help="Public slot count with --config."),
+    n: int | None = typer.Option(None, "--n", help="Public slot count with CONFIG (default "
+                                 "its data.n_slots)."),
     canaries: int | None = typer.Option(None, "--canaries",
                                         help="Gradient canaries K, in slots of their own beside the run's (default 16,000)."),
-    coordinates: int | None = typer.Option(None, "--coordinates",
-                                           help="Trainable coordinates d (default the run's)."),
+    coordinates: int | None = typer.Option(
+        None, "--coordinates", help="Trainable coordinates d simulated (default: the run's, "
+                                    "raised to K when K exceeds it, as K orthonormal canaries "
+                                    "need d >= K; with CONFIG max(K, 4096))."),
     mechanism_name: str = typer.Option("correct", "--mechanism",
                                        help="correct, or a deliberately broken one to see the "
                                             "audit fail: half_sigma, no_clipping, "
@@ -212,17 +223,43 @@ def mechanism(
         _report(audit, out, as_json)
         return
     if run is not None:
-        setup = ma.setup_from_certificate(ma.read_certificate(run), canaries=canaries, **overrides)
+        cert = ma.read_certificate(run)
+        setup = ma.setup_from_certificate(cert, canaries=canaries, **overrides)
+        run_d = cert.get("trainable_coordinates")
     else:
         from dpgrpo.config import load_config
 
         setup = ma.setup_from_config(load_config(config), canaries=canaries, n=n, **overrides)
+        run_d = None
+    note = None if coordinates is not None else _dimension_note(setup, run_d)
+    if not as_json:
+        from dpgrpo.cli._progress import say
+
+        say(f"auditing the {mechanism_name} mechanism: {setup.canaries:,} gradient canaries over "
+            f"{setup.rounds} rounds (model-free)" + (", then audit mode (q = 1)" if calibrate
+                                                    else "") + " ...")
     audit = ma.audit_mechanism(setup, mechanism_name, seed=seed, confidence=confidence,
                                selection=selection, calibrate=calibrate)
-    _report(audit, out, as_json)
+    _report(audit, out, as_json, note=note)
 
 
-def _report(audit, out: Path | None, as_json: bool) -> None:  # noqa: ANN001
+def _dimension_note(setup: Any, run_d: int | None) -> str | None:
+    """The sentence that explains a simulated d other than the run's (None when they agree)."""
+    d, k = setup.coordinates, setup.canaries
+    if run_d is not None and int(run_d) == d:
+        return None
+    if run_d is not None:
+        return (f"note: the run's certificate states d = {int(run_d):,} trainable coordinates; "
+                f"the audit simulates d = {d:,} because its K = {k:,} orthonormal gradient "
+                f"canaries need at least K coordinates (pass --canaries {int(run_d)} or fewer "
+                f"to simulate the run's own d).")
+    return (f"note: d = {d:,} is max(K, 4096), not a model's count: a config does not state the "
+            "trainable coordinates (pass --coordinates, e.g. a run certificate's "
+            "trainable_coordinates).")
+
+
+def _report(audit, out: Path | None, as_json: bool,  # noqa: ANN001
+            note: str | None = None) -> None:
     """Print (and write) the audit, then fail with MechanismAuditError if it flagged."""
     import json
 
@@ -233,6 +270,8 @@ def _report(audit, out: Path | None, as_json: bool) -> None:  # noqa: ANN001
 
         atomic_write_text(out, json.dumps(audit.to_dict(), indent=1) + "\n")
     typer.echo(json.dumps(audit.to_dict(), indent=1) if as_json else ma.summary_lines(audit))
+    if note is not None and not as_json:
+        typer.echo(note)
     ma.require_passed(audit)
 
 

@@ -47,7 +47,7 @@ def eval_cmd(
         10.0, "--check-timeout", help="Seconds per symbolic check."),
     engine: Optional[str] = typer.Option(
         None, "--engine", help="Rollout engine: transformers or vllm (CUDA; needs "
-                               "'dpgrpo[vllm]'); default: the run's, else transformers."),
+                               "'dpgrpo\\[vllm]'); default: the run's, else transformers."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Greedy decoding, one completion per problem; resumable (skips finished ids)."""
@@ -73,12 +73,18 @@ def eval_cmd(
                             skip_invalid=skip_invalid, check_timeout_s=check_timeout,
                             source=source or found.get("source", "local"),
                             engine=engine or found.get("engine", "transformers"))
-    columns = ("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-               TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=as_json) as bar:
-        job = bar.add_task(f"eval {task}", total=None)
-        summary = run_eval(settings, progress=lambda done, total: bar.update(
-            job, completed=done, total=total))
+    from dpgrpo.cli._progress import CountLines, interactive, say
+
+    if not interactive():  # nohup, CI, a pipe: plain lines (a bar would show only at the end)
+        say(f"evaluating {task} with {model}: loading the model")
+        summary = run_eval(settings, progress=CountLines(f"eval {task}"))
+    else:
+        columns = ("[progress.description]{task.description}", BarColumn(),
+                   MofNCompleteColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=as_json) as bar:
+            job = bar.add_task(f"eval {task}", total=None)
+            summary = run_eval(settings, progress=lambda done, total: bar.update(
+                job, completed=done, total=total))
     _emit_summary(summary, as_json)
 
 

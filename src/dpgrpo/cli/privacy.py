@@ -12,12 +12,17 @@ from dpgrpo.errors import PrivacyBudgetError
 
 if TYPE_CHECKING:
     from dpgrpo.privacy.accounting import PrivacyLedger
+    from dpgrpo.privacy.neighbours import NeighbourFigure
+    from dpgrpo.privacy.planning import PlanRow
+    from dpgrpo.reports.budget import BudgetRow
 
 privacy_app = typer.Typer(help="Privacy accounting: epsilon, sigma calibration, ledgers.",
                           no_args_is_help=True)
 
 
 def _emit(data: dict, as_json: bool, title: str) -> None:
+    """One JSON object, or a table of the values that are set (a None says "not applicable"
+    and is left out of the table; --json keeps it)."""
     if as_json:
         typer.echo(json.dumps(data))
         return
@@ -26,6 +31,8 @@ def _emit(data: dict, as_json: bool, title: str) -> None:
 
     table = Table(title=title, show_header=False)
     for key, value in data.items():
+        if value is None:
+            continue
         table.add_row(key, f"{value:.10g}" if isinstance(value, float) else str(value))
     Console().print(table)
 
@@ -79,15 +86,17 @@ def plan_cmd(
     """Candidate (m, G, T) for a compute budget: sigma, noise-to-signal sigma sqrt(p)/m and
     the compute of each, from public inputs only (no data is read)."""
     from dpgrpo.errors import ConfigError
-    from dpgrpo.privacy.planning import plan, plan_report
+    from dpgrpo.privacy.planning import plan_report
 
     try:
         ms = [float(x) for x in batches.split(",") if x.strip()]
         gs = [int(x) for x in groups.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--m and --G take comma-separated numbers, got {batches!r}, {groups!r}") from None
-    rows = plan(n, epsilon, budget, params, delta=delta, batches=ms, groups=gs)
+    rows = _plan_with_progress(n, epsilon, budget, params, delta, ms, gs)
     report = plan_report(n, epsilon, budget, params, delta, rows)
+    best = _recommended(rows)
+    report["recommended"] = {"row": best, "rule": RECOMMENDED_RULE}
     if as_json:
         typer.echo(json.dumps(report))
         return
@@ -96,14 +105,64 @@ def plan_cmd(
 
     table = Table(title=f"plan: n {n:,}, epsilon {epsilon:g}, delta {report['delta']:.3g}, "
                         f"p {params:,}, budget {budget:,} completions")
-    for column in ("m", "G", "T", "completions", "sigma", "sigma sqrt(p)/m"):
+    table.add_column("")
+    for column in ("m", "G", "T", "completions", "sigma", "r = sigma sqrt(p)/m",
+                   "T min(1, 1/r)"):
         table.add_column(column, justify="right")
-    for r in rows:
-        table.add_row(f"{r.m:g}", str(r.G), str(r.T), f"{r.completions:,}", f"{r.sigma:.4f}",
-                      f"{r.noise_to_signal:.2f}")
+    for i, r in enumerate(rows):
+        table.add_row("*" if i == best else "", f"{r.m:g}", str(r.G), str(r.T),
+                      f"{r.completions:,}", f"{r.sigma:.4f}", f"{r.noise_to_signal:.2f}",
+                      f"{_signal_steps(r):.1f}")
     Console().print(table)
+    r = rows[best]
+    typer.echo(f"rows are sorted by r, the noise-to-signal of one step (then by compute). "
+               f"Recommended (*): m {r.m:g}, G {r.G}, T {r.T}, {RECOMMENDED_RULE}")
+    if rows[0].T == 1:
+        typer.echo("the first row is a single round: the least noise per step, but one "
+                   "optimizer step in all.")
     typer.echo("sigma: planning value (slightly above the exact calibration a run performs); "
                "no data was read.")
+
+
+#: How `privacy plan` picks the row it marks (the module docstring of dpgrpo.privacy.planning:
+#: with AdamW, a step whose noise dominates, r > 1, moves about 1/r as far along the signal).
+RECOMMENDED_RULE = ("the most signal-sized steps T min(1, 1/r): with AdamW a step moves about "
+                    "1/r as far along the signal once noise dominates (r > 1); ties: larger G, "
+                    "then lower r. G is yours to weigh: a larger G gives more groups with "
+                    "mixed rewards.")
+
+
+def _signal_steps(row: "PlanRow") -> float:
+    return row.T * min(1.0, 1.0 / row.noise_to_signal) if row.noise_to_signal > 0 else row.T
+
+
+def _recommended(rows: "list[PlanRow]") -> int:
+    """Index of the row with the most signal-sized steps (ties: larger G, then lower r)."""
+    return max(range(len(rows)), key=lambda i: (round(_signal_steps(rows[i]), 9), rows[i].G,
+                                                -rows[i].noise_to_signal))
+
+
+def _plan_with_progress(n: int, epsilon: float, budget: int, params: int,
+                        delta: float | None, ms: list[float], gs: list[int]) -> "list[PlanRow]":
+    """:func:`dpgrpo.privacy.planning.plan`, one candidate m at a time with a line on stderr
+    for each (each calibrates sigma per T: seconds to minutes); rows sorted as plan sorts them."""
+    import time
+
+    from dpgrpo.cli._progress import duration, say
+    from dpgrpo.privacy.planning import plan
+
+    fits = [m for m in sorted(set(ms)) if 0 < m <= n and any(budget // (m * g) >= 1 for g in gs)]
+    if len(fits) < 2:
+        return plan(n, epsilon, budget, params, delta=delta, batches=ms, groups=gs)
+    rows = []
+    start = time.monotonic()
+    for i, m in enumerate(fits, 1):
+        found = plan(n, epsilon, budget, params, delta=delta, batches=[m], groups=gs)
+        rows += found
+        say(f"plan: m {m:g} ({i}/{len(fits)}): T {', '.join(str(r.T) for r in found)}, sigma "
+            f"{', '.join(f'{r.sigma:.3f}' for r in found)} ({duration(time.monotonic() - start)}"
+            " so far)")
+    return sorted(rows, key=lambda r: (r.noise_to_signal, -r.completions))  # as plan() sorts
 
 
 @privacy_app.command("epsilon")
@@ -187,6 +246,25 @@ def convert_cmd(
     else:
         raise PrivacyBudgetError("--n, --expected-batch, --rounds and --sigma go together")
     _emit(figure.to_dict(), as_json, "guarantee")
+    if not as_json:
+        typer.echo(_convert_sentence(figure, from_epsilon=epsilon is not None))
+
+
+def _convert_sentence(figure: "NeighbourFigure", *, from_epsilon: bool) -> str:
+    """What the figure means, in a sentence; above all when it is vacuous."""
+    who = ("one prompt swapped" if figure.relation == "replace-one" and figure.group == 1 else
+           f"a group of {figure.group} prompts" + (" swapped" if figure.relation == "replace-one"
+                                                   else " added or removed together"))
+    if figure.meaningful:
+        return (f"for {who}: ({figure.epsilon:.4g}, {figure.delta:.3g})-DP "
+                f"({figure.method}: {figure.basis}).")
+    why = (f"delta = {figure.delta:.4g} is at least 1, and a delta of 1 or more holds for any "
+           "mechanism" if figure.delta >= 1 else "epsilon is infinite")
+    hint = (" The generic conversion from (epsilon, delta) alone is loose: --ledger, or "
+            "--n/--expected-batch/--rounds/--sigma, accounts the mechanism itself and is often "
+            "far tighter." if from_epsilon else "")
+    return (f"VACUOUS: this figure is no guarantee for {who}: {why}, so it bounds nothing "
+            f"(meaningful False).{hint}")
 
 
 @privacy_app.command("report")
@@ -202,14 +280,37 @@ def report_cmd(
                                                        "OUT with the suffix .json."),
 ) -> None:
     """Budget table (n, m, sigma, T, PLD and RDP epsilon) of training configs (Appendix A-F)."""
-    from dpgrpo.reports.budget import budget_rows, budget_table, write_budget_report
+    from dpgrpo.reports.budget import budget_table, write_budget_report
 
-    rows = budget_rows(configs, overrides)
+    rows = _budget_rows_with_progress(configs, overrides)
     written = write_budget_report(rows, out, as_json=as_json)
     typer.echo(json.dumps({"rows": [r.to_dict() for r in rows]}) if as_json
                else budget_table(rows))
     for path in written:
         typer.echo(f"wrote {path}", err=True)
+
+
+def _budget_rows_with_progress(configs: list[Path], overrides: list[str]) -> "list[BudgetRow]":
+    """:func:`dpgrpo.reports.budget.budget_rows`, with a line on stderr before and after each
+    config (calibrating sigma takes seconds to minutes each); public figures only."""
+    import time
+
+    from dpgrpo.cli._progress import duration, say
+    from dpgrpo.config import load_protocol_config
+    from dpgrpo.reports.budget import resolve_budget
+
+    cache: dict = {}  # shared calibrations, as budget_rows shares them
+    rows = []
+    for i, path in enumerate(configs, 1):
+        start = time.monotonic()
+        say(f"report: {path} ({i}/{len(configs)}): counting slots, calibrating sigma ...")
+        config, _ = load_protocol_config(Path(path), list(overrides))
+        row = resolve_budget(config, Path(path).stem, cache=cache)
+        rows.append(row)
+        say(f"report: {row.configuration}: n {row.n:,}, m {row.m:g}, T {row.T}, sigma "
+            f"{row.sigma:.4f}, epsilon {row.pld_epsilon:.4g} (PLD) at delta {row.delta:.3g} "
+            f"[{duration(time.monotonic() - start)}]")
+    return rows
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,7 @@ def study_cmd(
     workers: Optional[int] = typer.Option(None, "--workers", min=1,
                                           help="Processes running independent tasks at once "
                                                "(default: study.workers)."),
-    quiet: Optional[bool] = typer.Option(False, "--quiet", help="No progress messages."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
 ) -> None:
     """Base, non-private GRPO, DP-GRPO and control; leaky and private audits; results page."""
     from dpgrpo.experiments.study import run_study

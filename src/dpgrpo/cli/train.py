@@ -28,7 +28,7 @@ def train_cmd(
     metrics: Optional[str] = typer.Option(
         None, "--metrics", help="Shortcut for train.metrics: jsonl, tensorboard, wandb "
                                 "(comma-separated); public values only."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress (bar or lines)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object "
                                                        "(implies --quiet)."),
     show_private: bool = typer.Option(
@@ -63,8 +63,17 @@ def train_cmd(
         typer.echo("WARNING: --show-private-telemetry prints per-round batch sizes and rewards, "
                    "which are computed from the private data and are NOT covered by the "
                    "privacy guarantee; do not share this output or its logs.", err=True)
+    quiet = quiet or as_json
+    if not quiet:
+        from dpgrpo.cli._progress import say
+
+        say(f"resuming {run_dir}: loading the model and the checkpoint (the next round follows)"
+            if cfg is None else
+            f"loading the model {cfg.model.name}, reading the data and calibrating sigma "
+            "(the first round follows)")
+    timings = show_private or (cfg is not None and cfg.train.public_timings)
     try:
-        with _progress(quiet or as_json, total) as on_round:
+        with _progress(quiet, total, timings=timings) as on_round:
             result = train(cfg, run_dir, resume=resume is not None, progress=on_round,
                            show_private=show_private)
     except KeyboardInterrupt:
@@ -96,30 +105,47 @@ def _check_inputs(cfg) -> None:
 
 def _interrupted(run_dir: Path) -> NoReturn:
     """Ctrl-C: say what was kept and how to continue; exit status 130 (128 + SIGINT)."""
+    from dpgrpo.cli import INTERRUPTED
+    from dpgrpo.cli._progress import say_interrupted
     from dpgrpo.rundir.layout import RunDir
 
     journal = RunDir(run_dir).journal
     if RunDir(run_dir).has_charges():
-        typer.secho(f"interrupted: every round started so far is charged to the privacy ledger "
-                    f"({journal}); continue with: dpgrpo train --resume {run_dir}",
-                    err=True, fg="yellow")
+        say_interrupted(f"interrupted: every round started so far is charged to the privacy "
+                        f"ledger ({journal}); continue with: dpgrpo train --resume {run_dir}")
     else:
-        typer.secho("interrupted before the first round: nothing was charged",
-                    err=True, fg="yellow")
-    raise typer.Exit(130)
+        say_interrupted("interrupted before the first round: nothing was charged")
+    raise typer.Exit(INTERRUPTED)
 
 
 class _progress:
-    """A rich progress bar: round of T, epsilon spent, elapsed time; the batch size and reward
-    mean only when the trainer passes them (``--show-private-telemetry``)."""
+    """Training progress (public values; batch size and reward mean only when the trainer
+    passes them, ``--show-private-telemetry``): on a terminal a rich bar (round of T, epsilon
+    spent, elapsed time); elsewhere (nohup, CI, a pipe) one plain line per round, with elapsed
+    time and ETA only when ``timings`` (they reveal the realized batch sizes: issue 32)."""
 
-    def __init__(self, quiet: bool, total: int | None) -> None:
-        self.quiet, self.total, self.task = quiet, total, None
-        self.bar: Any = None                  # a rich Progress once entered (unless quiet)
+    def __init__(self, quiet: bool, total: int | None, *, timings: bool = False) -> None:
+        self.quiet, self.total, self.timings, self.task = quiet, total, timings, None
+        self.bar: Any = None                  # a rich Progress once entered (on a terminal)
 
     def __enter__(self):
+        from dpgrpo.cli._progress import RoundLines, interactive, say
+
         if self.quiet:
             return lambda info: None
+        if not interactive():
+            lines = RoundLines(timings=self.timings)
+            if not self.timings:
+                say("progress: one line per round (round, epsilon spent); round times are "
+                    "not shown, as they reveal the realized batch sizes "
+                    "(train.public_timings = true shows elapsed time and ETA)")
+
+            def on_line(info: dict) -> None:
+                lines(info)
+                if info["round"] == info["rounds"]:
+                    say("writing release/ (adapter, certificate, model card)")
+            return on_line
+        from rich.console import Console
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -129,7 +155,8 @@ class _progress:
         )
 
         self.bar = Progress(TextColumn("round"), MofNCompleteColumn(), BarColumn(),
-                            TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+                            TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                            console=Console(stderr=True))
         self.bar.start()
         self.task = self.bar.add_task("train", total=self.total, status="loading")
 
@@ -139,6 +166,8 @@ class _progress:
                 reward = info.get("reward_mean")
                 reward_s = "-" if reward is None or reward != reward else f"{reward:.2f}"
                 status = f"batch {info['batch_size']:3d}  reward {reward_s}  {status}"
+            if info["round"] == info["rounds"]:
+                status += "  writing release/"
             self.bar.update(self.task, completed=info["round"], total=info["rounds"], status=status)
         return on_round
 
