@@ -108,7 +108,8 @@ def test_failed_start_leaves_no_directory(tiny_model_dir, tmp_path):
 
     cfg = apply_overrides(embedded_default(), [
         f"model.name={tiny_model_dir}", "model.device=cpu", "data.limit=40",
-        "privacy.expected_batch=4", "privacy.epsilon=1e-9", "train.group_size=2"])
+        "privacy.expected_batch=4", "privacy.epsilon=1e-9", "privacy.delta=1e-10",
+        "train.group_size=2"])  # at delta 1/(10 n) = 0.0025, sigma 113 reaches eps 0: TV <= delta
     with pytest.raises(ConfigError, match="unreachable"):
         train(cfg, tmp_path / "a" / "b" / "run")
     assert not (tmp_path / "a").exists()

@@ -77,6 +77,7 @@ def _register_all() -> None:
         privacy,
         protocol,
         push,
+        release,
         study,
         train,
         tune,
@@ -84,7 +85,7 @@ def _register_all() -> None:
     )
 
     for module in (privacy, verify, train, data, evaluate, compare, protocol, study, tune, audit,
-                   push):
+                   push, release):
         module.register(app)
 
 
