@@ -80,7 +80,10 @@ def test_a_run_logs_no_private_value_at_any_level(tiny_model_dir, tmp_path, capt
     assert len(telemetry) == 3 and all("batch_size" in row for row in telemetry)
     messages = [r.getMessage() for r in captured]
     assert [m for m in messages if PRIVATE.search(m)] == []
-    assert messages == []  # a clean run is silent: nothing for a private value to ride on
+    # a clean run is silent: nothing for a private value to ride on. The one exception is the
+    # public config's own warning that a local base folder is named by its basename in release/
+    machine = [m for m in messages if "is a path of this machine" in m]
+    assert len(machine) <= 1 and [m for m in messages if m not in machine] == []
 
 
 def test_phase_times_stay_private_unless_opted_in(tiny_model_dir, tmp_path):

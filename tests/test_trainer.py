@@ -173,7 +173,9 @@ def test_sigma_is_calibrated_from_epsilon(tiny_model_dir, tmp_path):
 
 
 def test_unreachable_epsilon_is_a_config_error(tiny_model_dir, tmp_path):
-    cfg = tiny_config(tiny_model_dir, "privacy.noise_multiplier=none", "privacy.epsilon=1e-9")
+    # at the default delta 1/(10 n) a large sigma reaches epsilon ~0 (TV <= delta); 1e-10 not
+    cfg = tiny_config(tiny_model_dir, "privacy.noise_multiplier=none", "privacy.epsilon=1e-9",
+                      "privacy.delta=1e-10")
     with pytest.raises(ConfigError, match="unreachable"):
         train(cfg, tmp_path / "run")
 

@@ -143,7 +143,9 @@ def test_certificate_and_release_card_state_the_figures():
     assert "group_privacy_k2" not in cert
     card = _release_readme(cert)
     assert "one problem swapped for another" in card and "k = 4:" in card
-    assert f"{cert['group_privacy'][0]['epsilon']:.4g}" in card
+    from dpgrpo.release.check import format_epsilon  # the card rounds; the JSON not
+
+    assert f"k = 2: ({format_epsilon(cert['group_privacy'][0]['epsilon'])}, " in card
     none = certificate(_run(apply_overrides(cfg, ["privacy.group_sizes="]), ledger), ledger, 30)
     assert none["group_privacy"] == [] and "replace_one" in none
     assert neighbour_figures(ledger.events, 1e-5, ())["group_privacy"] == []

@@ -83,7 +83,8 @@ def adapter_statement(model: ModelConfig, coordinates: int,
     from dpgrpo.model import public_name
 
     init = None if model.init_adapter is None else {
-        "path": public_name(model.init_adapter),  # never a path of this machine "sha256": init_sha256, "keep": model.init_adapter_keep,
+        "path": public_name(model.init_adapter),  # never a path of this machine
+        "sha256": init_sha256, "keep": model.init_adapter_keep,
         "public_input": "a warm start is public input (assumption A1): it must have been "
                         "trained without this run's private data; the guarantee covers what "
                         "this run adds to it"}
