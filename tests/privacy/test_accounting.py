@@ -86,20 +86,13 @@ def test_bad_calibration_arguments(kwargs):
         calibrate(**kwargs)
 
 
-def test_an_epsilon_met_only_below_the_sigma_floor_is_refused_before_the_fine_grid(monkeypatch):
+def test_an_epsilon_met_only_below_the_sigma_floor_is_refused_before_the_fine_grid(
+        eps_evaluations):
     """Issue 33: a huge epsilon's sigma lies where the exact grid needs GiB and minutes; the
     search stops at the floor, having evaluated only coarse grids at or above it."""
-    import dpgrpo.privacy.calibration as calibration
     from dpgrpo.privacy.limits import min_sigma
 
-    seen = []
-    original = calibration._eps_single
-
-    def spy(q, sigma, rounds, delta, vdi):
-        seen.append((sigma, vdi))
-        return original(q, sigma, rounds, delta, vdi)
-
-    monkeypatch.setattr(calibration, "_eps_single", spy)
+    seen = eps_evaluations
     with pytest.raises(PrivacyBudgetError, match="below 0.0484.*smaller epsilon"):
         calibrate(1000, 10, 5, 5000.0, parallel=False)
     assert seen and min(sigma for sigma, _ in seen) >= min_sigma()

@@ -67,15 +67,8 @@ def test_a_target_missed_on_the_coarse_grid_at_the_ceiling_is_still_reached():
     assert 100.0 < cal.sigma < 1e4 and cal.epsilon <= 0.1 < cal.epsilon_below
 
 
-def test_an_exactly_unreachable_target_is_refused_quickly(monkeypatch):
-    seen = []
-    original = calibration._eps_single
-
-    def spy(q, sigma, rounds, delta, vdi):
-        seen.append((sigma, vdi))
-        return original(q, sigma, rounds, delta, vdi)
-
-    monkeypatch.setattr(calibration, "_eps_single", spy)
+def test_an_exactly_unreachable_target_is_refused_quickly(eps_evaluations):
+    seen = eps_evaluations
     with pytest.raises(PrivacyBudgetError, match="unreachable: sigma would exceed 10000"):
         calibrate(40, 4, 100_000, 1e-3, parallel=False)
     assert seen.count((1e4, calibration.DEFAULT_DISCRETIZATION)) == 1  # the one exact check
