@@ -26,7 +26,10 @@ def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str,
     return {"pp": row["difference"], "ci": list(row["ci"]), "mde": mde,
             "holm_p": row.get("holm_p"), "a": row["accuracy_a"], "b": row["accuracy_b"],
             "ci_runs": list(runs) if runs is not None else None, "seed_p": row.get("seed_p"),
-            "seeds": min(row.get("n_seeds") or [1, 1])}
+            # the seeds behind the claim: the trained arm's against a fixed model (the base,
+            # the warm start: one row by design), else the fewer of the two arms'
+            "seeds": (row.get("n_seeds") or [1, 1])[0] if comparator in
+            (report.get("base"), WARM_START) else min(row.get("n_seeds") or [1, 1])}
 
 
 def _runs_keys(key: str, c: Mapping[str, Any]) -> dict[str, Any]:
