@@ -419,3 +419,19 @@ def test_the_page_gives_claims_over_seeds_labels_seed_lines_and_names_no_machine
         "cwd_file": str(Path.cwd() / "configs" / "cpu-study.toml")}, out)
     assert record == {"out_dir": ".", "model": {"init_adapter": "warm-start/release"},
                       "name": "smollm2-135m", "cwd_file": "configs/cpu-study.toml"}
+
+
+def test_a_claim_against_a_fixed_model_counts_the_trained_arms_seeds() -> None:
+    """The base and the warm start are one row by design: five seeds against the base rest on
+    five seeds, not one (the warning counted 1 on the five-seed study of 2026-12-06)."""
+    from dpgrpo.experiments.study_summary import _contrast
+
+    rows = [{"arm": "non-private", "comparator": "base", "scorer": "strict", "difference": 55.4,
+             "ci": [49.2, 61.4], "se": 3.0, "accuracy_a": 72.4, "accuracy_b": 17.0,
+             "n_seeds": [5, 1]},
+            {"arm": "dp-grpo", "comparator": "zero-advantage", "scorer": "strict",
+             "difference": 11.3, "ci": [7.0, 15.5], "se": 2.0, "accuracy_a": 55.1,
+             "accuracy_b": 43.8, "n_seeds": [5, 3]}]
+    report = {"base": "base", "contrasts": rows[1:], "versus_base": rows[:1]}
+    assert _contrast(report, "non-private", "base")["seeds"] == 5
+    assert _contrast(report, "dp-grpo", "zero-advantage")["seeds"] == 3
