@@ -439,28 +439,22 @@ def bootstrap(correct: list[bool], other: list[bool] | None = None, draws: int =
 def bootstrap_runs(runs: list[list[bool]], other: list[list[bool]] | None = None,
                    draws: int = 10_000, seed: int = 0) -> dict:
     """Mean accuracy over training runs (or its difference to ``other``'s runs) with a 95%
-    interval that resamples the runs of each arm and the problems (paired across arms).
-
-    ``runs``: one list of 0/1 per run, all over the same problems in the same order. A draw
-    picks K runs of each arm with replacement and N problems with replacement, and takes the
-    mean over both; so the interval widens with the spread between runs, which an interval
-    over problems alone leaves out.
+    interval that resamples the runs of each arm and then the problems (paired across arms):
+    :func:`dpgrpo.evaluation.stats.hierarchical_bootstrap_means`, the study's interval over
+    seeds and problems. ``runs``: one list of 0/1 per run, all over the same problems in the
+    same order. The interval widens with the spread between runs, which an interval over
+    problems alone leaves out.
     """
     import numpy as np
 
-    rng = np.random.default_rng(seed)
-    a = np.asarray(runs, dtype=float)                                   # (K, N)
-    b = None if other is None else np.asarray(other, dtype=float)       # (K', N)
-    if b is not None and b.shape[1] != a.shape[1]:
+    from dpgrpo.evaluation.stats import hierarchical_bootstrap_means
+
+    a = np.asarray(runs, dtype=bool)                                    # (K, N)
+    b = np.zeros((1, a.shape[1]), dtype=bool) if other is None else np.asarray(other, dtype=bool)
+    if b.shape[1] != a.shape[1]:
         raise ValueError(f"runs over {a.shape[1]} and {b.shape[1]} problems")
-    means = np.empty(draws)
-    for d in range(draws):
-        problems = rng.integers(0, a.shape[1], size=a.shape[1])
-        value = a[rng.integers(0, len(a), size=len(a))][:, problems].mean()
-        if b is not None:
-            value -= b[rng.integers(0, len(b), size=len(b))][:, problems].mean()
-        means[d] = value
-    point = a.mean() - (0.0 if b is None else b.mean())
+    means = hierarchical_bootstrap_means(a, b, draws=draws, seed=seed)
+    point = a.mean() - b.mean()
     return {"mean": float(point), "ci95": [float(np.percentile(means, 2.5)),
                                            float(np.percentile(means, 97.5))]}
 
