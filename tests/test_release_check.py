@@ -185,6 +185,56 @@ def test_a_local_folder_run_publishes_no_machine_path(run_dir, tiny_model_dir):
     assert repr(cert["epsilon"]) not in card and len(repr(cert["epsilon"])) > 6
 
 
+def _paths_in(release: Path, *paths: Path) -> list[str]:
+    """Which release files name any of ``paths`` (or their parent folders)."""
+    needles = {str(p) for p in paths} | {str(p.parent) for p in paths}
+    return sorted(f.name for f in release.iterdir()
+                  if any(n in f.read_text(encoding="utf-8", errors="replace") for n in needles))
+
+
+def test_the_public_config_names_no_machine_path(run_dir, tiny_model_dir, shared_data_dir,
+                                                 tmp_path, monkeypatch):
+    from dpgrpo.release import write
+    from dpgrpo.release.files import eval_defaults, run_config
+    from dpgrpo.release.load import release_base
+
+    release = run_dir / "release"
+    assert _paths_in(release, tiny_model_dir) == []
+    public = json.loads((release / "dpgrpo_config.json").read_text())
+    assert public["model"]["name"] == f"local model {tiny_model_dir.name}"
+    # on the machine that trained it, the run reads its folder back from recovery/
+    assert run_config(run_dir)["model"]["name"] == str(tiny_model_dir)
+    assert eval_defaults(run_dir)["model"] == str(tiny_model_dir)
+    assert release_base(release) == str(tiny_model_dir)
+    copied = tmp_path / "elsewhere"  # the release alone, as published
+    shutil.copytree(release, copied)
+    assert run_config(copied)["model"]["name"] == f"local model {tiny_model_dir.name}"
+    with pytest.raises(ConfigError, match="base="):
+        release_base(copied)
+    # every machine field, a hub id and an alias
+    data_dir, warm = shared_data_dir.resolve(), run_dir / "release"
+    config = {"model": {"name": str(tiny_model_dir), "init_adapter": str(warm)},
+              "data": {"data_dir": str(data_dir), "contributors": "../people.csv", "task": "gsm8k"}}
+    out = write.public_config(config)
+    assert out == {"model": {"name": f"local model {tiny_model_dir.name}",
+                             "init_adapter": "local model release"},
+                   "data": {"data_dir": f"local data {data_dir.name}",
+                            "contributors": "local data people.csv", "task": "gsm8k"}}
+    assert config["model"]["name"] == str(tiny_model_dir)  # the caller's dict is untouched
+    for name in ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        assert write.public_config({"model": {"name": name}})["model"]["name"] == name
+    # a writer that publishes the config as given is caught by the same scan
+    monkeypatch.setattr(write, "public_config", lambda c: c)
+    from dpgrpo.model import load_adapter
+
+    policy = load_adapter(str(tiny_model_dir), release, dtype="float32", device="cpu")
+    broken = tmp_path / "broken" / "release"
+    write.write_release(broken, model=policy.model, config={**public, "model": {
+        **public["model"], "name": str(tiny_model_dir)}},
+        certificate=json.loads((release / "certificate.json").read_text()))
+    assert _paths_in(broken, tiny_model_dir) == ["dpgrpo_config.json"]
+
+
 def test_local_names_warn_and_hub_names_pass(tiny_model_dir, caplog):
     from dpgrpo.model import public_model_name, public_name
 

@@ -72,8 +72,10 @@ class RunInfo:
 def read_run(run_dir: str | Path) -> RunInfo:
     """Read ``release/dpgrpo_config.json`` (an old release's ``config.json``) and
     ``release/certificate.json`` (optional; DataError when present but unreadable)."""
+    from dpgrpo.release.files import run_config
+
     layout = RunDir(run_dir)
-    config = layout.public_config()
+    config = run_config(layout.root)  # the model folder of this machine, from recovery/
     model = config.get("model", {})
     name = model.get("name") if isinstance(model, dict) else model
     if not name:

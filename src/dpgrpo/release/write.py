@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dpgrpo.errors import ReleaseError
-from dpgrpo.release.files import RELEASE_CONFIG, RELEASE_FILES
+from dpgrpo.release.files import MACHINE_FIELDS, RELEASE_CONFIG, RELEASE_FILES
 from dpgrpo.rundir.atomic import (
     atomic_write_json,
     atomic_write_text,
@@ -59,7 +59,7 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
         # The LoRA never resizes the vocabulary: no need to save (or look up) embeddings.
         model.save_pretrained(str(tmp), save_embedding_layers=False)
     check_finite_adapter(tmp / "adapter_model.safetensors")
-    atomic_write_json(tmp / RELEASE_CONFIG, config)
+    atomic_write_json(tmp / RELEASE_CONFIG, public_config(config))
     digests = {name: sha256_file(tmp / name)  # checked by push and by resume
                for name in ("adapter_model.safetensors", "adapter_config.json")}
     atomic_write_json(tmp / "certificate.json", {**certificate, "files_sha256": digests})
@@ -70,6 +70,32 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
                            f"{sorted(RELEASE_FILES)} may leave the curator")
     for path in tmp.iterdir():
         fsync_file(path)
+
+
+def public_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` as a release publishes it: each :data:`~dpgrpo.release.files.MACHINE_FIELDS`
+    value that is a path of this machine becomes ``"local model <basename>"`` (the model, the
+    warm start) or ``"local data <basename>"`` (the data folder, the contributors file); an
+    alias or hub id stays. A model path also logs a warning: whoever loads the release must
+    supply that base (``dpgrpo.load_release(..., base=...)``). The full config stays in
+    ``recovery/config.json``, from which :func:`dpgrpo.release.files.run_config` reads it back."""
+    from dpgrpo.model import is_machine_path, public_name
+
+    out = {section: dict(values) if isinstance(values, dict) else values
+           for section, values in config.items()}
+    for section, key in MACHINE_FIELDS:
+        values = out.get(section)
+        if not isinstance(values, dict):
+            continue
+        value = values.get(key)
+        if not isinstance(value, str) or not is_machine_path(value):
+            continue
+        if section == "model":
+            values[key] = public_name(value)  # training's start warned (public_model_name)
+        else:
+            path = Path(value).expanduser()
+            values[key] = f"local data {path.name or path.resolve().name or 'data'}"
+    return out
 
 
 def check_finite_adapter(path: Path) -> None:
@@ -156,4 +182,4 @@ def _figure(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-__all__ = ["check_finite_adapter", "write_release"]
+__all__ = ["check_finite_adapter", "public_config", "write_release"]
