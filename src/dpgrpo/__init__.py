@@ -26,46 +26,61 @@ Heavy modules (torch, transformers) load on first use, so ``import dpgrpo`` stay
 
 from __future__ import annotations
 
-from typing import Any
-
 __version__ = "0.2.0"
 
-from dpgrpo.config import (  # noqa: E402
-    AuditConfig,
-    DataConfig,
-    ModelConfig,
-    PrivacyConfig,
-    RunConfig,
-    TrainConfig,
-    embedded_default,
-    load_config,
-)
-from dpgrpo.errors import (  # noqa: E402
-    ConfigError,
-    DataError,
-    DPGRPOError,
-    PrivacyBudgetError,
-    PrivacyError,
-    ReleaseError,
-)
+TYPE_CHECKING = False  # not typing's: ``import dpgrpo`` imports nothing at all
+if TYPE_CHECKING:  # for type checkers; at run time every name below loads on first use
+    from typing import Any
 
-#: name -> module of the objects loaded on first use (PEP 562)
+    from dpgrpo.config import (
+        AuditConfig,
+        DataConfig,
+        ModelConfig,
+        PrivacyConfig,
+        RunConfig,
+        TrainConfig,
+        embedded_default,
+        load_config,
+    )
+    from dpgrpo.errors import (
+        ConfigError,
+        DataError,
+        DPGRPOError,
+        PrivacyBudgetError,
+        PrivacyError,
+        ReleaseError,
+    )
+
+#: name -> module of the objects loaded on first use (PEP 562). Nothing is imported by
+#: ``import dpgrpo`` itself, so the ``dpgrpo`` command spends no time inside the package's
+#: import before :func:`dpgrpo.__main__.main` can catch a Ctrl-C (one line, exit 130).
 _LAZY = {"train": "dpgrpo.api", "evaluate": "dpgrpo.api", "prepare": "dpgrpo.api",
          "TrainResult": "dpgrpo.training.trainer", "make_task": "dpgrpo.tasks.custom",
          "RewardTask": "dpgrpo.tasks.custom", "Problem": "dpgrpo.tasks.base",
          "get_task": "dpgrpo.tasks", "push_release": "dpgrpo.release.publish",
          "from_trl_config": "dpgrpo.config.trl", "TRLSettings": "dpgrpo.config.trl",
          "trl_reward": "dpgrpo.tasks.trl_rewards", "check_release": "dpgrpo.release.check",
-         "ReleaseCheck": "dpgrpo.release.check", "load_release": "dpgrpo.release.load"}
+         "ReleaseCheck": "dpgrpo.release.check", "load_release": "dpgrpo.release.load",
+         **dict.fromkeys(("AuditConfig", "DataConfig", "ModelConfig", "PrivacyConfig",
+                          "RunConfig", "TrainConfig", "embedded_default", "load_config"),
+                         "dpgrpo.config"),
+         **dict.fromkeys(("ConfigError", "DataError", "DPGRPOError", "PrivacyBudgetError",
+                          "PrivacyError", "ReleaseError"), "dpgrpo.errors")}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
+    if name.isidentifier() and not name.startswith("__"):  # ``dpgrpo.config`` and the like,
+        try:                                                # as the eager import set them
+            return importlib.import_module(f"dpgrpo.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"dpgrpo.{name}":
+                raise
     raise AttributeError(f"module 'dpgrpo' has no attribute {name!r}")
 
 

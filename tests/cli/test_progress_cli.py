@@ -247,6 +247,21 @@ def test_ctrl_c_while_importing_is_one_line_and_exit_130():
     assert out.stdout == ""
 
 
+def test_import_dpgrpo_imports_nothing_else():
+    """A Ctrl-C can only be caught once ``dpgrpo.__main__.main`` runs; the console script first
+    imports the package, so that import must be next to instant: it loads no module of dpgrpo
+    and nothing outside the standard library's ``__future__`` (the names load on first use)."""
+    code = ("import sys\nbefore = set(sys.modules)\nimport dpgrpo.__main__\n"
+            "print(sorted(set(sys.modules) - before))\n"
+            "from dpgrpo import RunConfig, ConfigError, load_config\n"
+            "print(dpgrpo.config.RunConfig is RunConfig, dpgrpo.errors.ConfigError is ConfigError)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    loaded, names = out.stdout.splitlines()
+    assert set(eval(loaded)) <= {"dpgrpo", "dpgrpo.__main__", "__future__"}, loaded
+    assert names == "True True"  # still there on first use, submodules too
+
+
 def test_console_script_goes_through_the_guarded_entry_point():
     import tomllib
 
