@@ -106,7 +106,7 @@ def test_settings_tables_recipes_and_refusals(tmp_path):
                                            f"privacy.clip_norm={SFT_CLIP_NORM}"]
     assert settings.recipe("dp-grpo") == []
     assert protocol_settings({}, arms="dp-grpo, gold-sft").arms == ("dp-grpo", "gold-sft")
-    for table, message in (({"sedes": 2}, "unknown protocol key 'sedes'"),
+    for table, message in (({"sedes": 2}, "unknown key 'protocol.sedes'"),
                            ({"arms": ["dp-grpo", "base"]}, "unknown protocol arm 'base'"),
                            ({"seeds": 0}, "seeds must be >= 1"),
                            ({"non_private_seeds": 0}, "non_private_seeds must be >= 1"),

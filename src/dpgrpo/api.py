@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dpgrpo.config import (
     RunConfig,
@@ -51,6 +51,7 @@ from dpgrpo.config import (
     embedded_default,
     load_config,
 )
+from dpgrpo.config.schema import Dtype
 from dpgrpo.errors import ConfigError
 
 Overrides = Mapping[str, Any] | Sequence[str] | None
@@ -80,7 +81,7 @@ def _override_strings(overrides: Overrides) -> list[str]:
     return list(overrides)
 
 
-def _model_name(model: Any, tokenizer: Any, name: str | None) -> tuple[str, str, str]:
+def _model_name(model: Any, tokenizer: Any, name: str | None) -> tuple[str, Dtype, str]:
     """Register an in-memory model; return (public name, dtype, device)."""
     from dpgrpo.model import register_model
 
@@ -94,7 +95,8 @@ def _model_name(model: Any, tokenizer: Any, name: str | None) -> tuple[str, str,
         tokenizer = AutoTokenizer.from_pretrained(public)
     register_model(public, model, tokenizer)
     param = next(base.parameters())
-    return public, str(param.dtype).removeprefix("torch."), str(param.device)
+    dtype = str(param.dtype).removeprefix("torch.")   # ModelConfig refuses one outside Dtype
+    return public, cast(Dtype, dtype), str(param.device)
 
 
 def _register(task: Any) -> str:

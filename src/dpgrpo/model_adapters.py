@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from dpgrpo.config import ModelConfig
+from dpgrpo.config.schema import InitKeep, KLReference, LoraTrain
 from dpgrpo.errors import ConfigError
 
 # PEFT asks transformers for `is_gradient_checkpointing`, which transformers 5 deprecates; the
@@ -48,11 +49,11 @@ class LoraSettings:
     dropout: float = _DEFAULT.lora_dropout
     target_modules: tuple[str, ...] = _DEFAULT.target_modules
     layers: tuple[int, ...] | None = _DEFAULT.lora_layers  # negative: from the end
-    train: str = _DEFAULT.lora_train            # config.LORA_TRAIN: which weights train
+    train: LoraTrain = _DEFAULT.lora_train            # config.LORA_TRAIN: which weights train
     bias: bool = _DEFAULT.lora_bias             # lora_B has a bias (PEFT's lora_bias)
     init_adapter: str | None = _DEFAULT.init_adapter  # public adapter folder to start from
-    init_keep: str = _DEFAULT.init_adapter_keep  # config.INIT_KEEP: "all" or "A"
-    kl_reference: str = _DEFAULT.kl_reference  # config.KL_REFERENCE: "start" or "base"
+    init_keep: InitKeep = _DEFAULT.init_adapter_keep  # config.INIT_KEEP: "all" or "A"
+    kl_reference: KLReference = _DEFAULT.kl_reference  # config.KL_REFERENCE: "start" or "base"
 
     def __post_init__(self) -> None:
         checked = replace(_DEFAULT, lora_rank=self.rank, lora_alpha=self.alpha,

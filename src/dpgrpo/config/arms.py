@@ -11,8 +11,18 @@ Torch-free, so the config can import it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, cast, get_args
 
 from dpgrpo.errors import ConfigError
+
+#: the arms' names, one per row of :data:`ARMS` (tests/test_arm_table.py checks they agree):
+#: the type of ``train.arm`` and ``protocol.arms``
+ArmName = Literal["dp-grpo", "zero-advantage", "shuffled-reward", "positive-only",
+                  "non-private", "filtered-sft", "gold-sft", "non-private-gold-sft"]
+#: an arm's place in the protocol (``audit``: outside it, the audit's memorising control)
+Role = Literal["primary", "ladder", "reference", "audit"]
+Objective = Literal["grpo", "sft"]
+Rollouts = Literal["policy", "base"]
 
 
 @dataclass(frozen=True)
@@ -28,12 +38,12 @@ class ArmSpec:
     outside the protocol, a deliberately memorising run that the audit must detect.
     """
 
-    name: str
-    objective: str
-    rollouts: str | None
+    name: ArmName
+    objective: Objective
+    rollouts: Rollouts | None
     advantage: str | None
     private: bool
-    role: str
+    role: Role
     description: str
 
     @property
@@ -47,12 +57,12 @@ class ArmSpec:
         return self.rollouts == "base"
 
 
-def _table(*specs: ArmSpec) -> dict[str, ArmSpec]:
+def _table(*specs: ArmSpec) -> dict[ArmName, ArmSpec]:
     return {spec.name: spec for spec in specs}
 
 
 #: name -> :class:`ArmSpec`, in the order the protocol and the messages list them.
-ARMS: dict[str, ArmSpec] = _table(
+ARMS: dict[ArmName, ArmSpec] = _table(
     ArmSpec("dp-grpo", "grpo", "policy", "group", True, "primary",
             "G completions from the policy, verifier rewards, Eq. (2) advantages, Eq. (7)"),
     ArmSpec("zero-advantage", "grpo", "policy", "zero", True, "primary",
@@ -72,15 +82,25 @@ ARMS: dict[str, ArmSpec] = _table(
 )
 
 
+#: the protocol's focal arm (DP-GRPO: the contrasts of Table II are against it) and its
+#: zero-advantage control (Section V), named once here for the reports and the study
+FOCAL_ARM: ArmName = "dp-grpo"
+CONTROL_ARM: ArmName = "zero-advantage"
+
+
+def arm_name(name: str) -> ArmName:
+    """``name`` as an arm of the table; an unknown name is a ConfigError naming ``train.arm``."""
+    if name not in ARMS:
+        raise ConfigError(f"train.arm must be one of {', '.join(ARMS)}; got {name!r}")
+    return cast(ArmName, name)
+
+
 def arm_spec(name: str) -> ArmSpec:
     """The table's row for ``name``; an unknown name is a ConfigError naming ``train.arm``."""
-    try:
-        return ARMS[name]
-    except KeyError:
-        raise ConfigError(f"train.arm must be one of {', '.join(ARMS)}; got {name!r}") from None
+    return ARMS[arm_name(name)]
 
 
-def private_twin(name: str) -> str:
+def private_twin(name: str) -> ArmName:
     """The private arm whose per-record computation equals the non-private arm ``name``'s
     (same objective, rollout source and advantage); ConfigError if there is none."""
     spec = arm_spec(name)
@@ -92,9 +112,13 @@ def private_twin(name: str) -> str:
     return twins[0]
 
 
-def arms_with_role(role: str) -> tuple[str, ...]:
+def arms_with_role(role: Role) -> tuple[ArmName, ...]:
     """The names of the arms with protocol role ``role``, in table order."""
     return tuple(name for name, spec in ARMS.items() if spec.role == role)
 
 
-__all__ = ["ARMS", "ArmSpec", "arm_spec", "arms_with_role", "private_twin"]
+ARM_NAMES: tuple[ArmName, ...] = get_args(ArmName)
+
+
+__all__ = ["ARMS", "ARM_NAMES", "CONTROL_ARM", "FOCAL_ARM", "ArmName", "ArmSpec", "Objective",
+           "Role", "Rollouts", "arm_name", "arm_spec", "arms_with_role", "private_twin"]

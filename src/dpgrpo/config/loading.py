@@ -14,12 +14,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import tomllib
-import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
+from dpgrpo.config.experiments import (
+    DEFAULT_RECIPES,
+    EXPERIMENT_TABLES,
+    GridPoint,
+    ProtocolSettings,
+    StudySettings,
+    TuneSettings,
+)
 from dpgrpo.config.schema import (
     AuditConfig,
     DataConfig,
@@ -28,7 +36,7 @@ from dpgrpo.config.schema import (
     RunConfig,
     TrainConfig,
 )
-from dpgrpo.config.values import parse_value, type_name
+from dpgrpo.config.values import field_type, parse_value, type_name
 from dpgrpo.errors import ConfigError, DPGRPOError
 
 _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
@@ -40,21 +48,23 @@ RENAMED = {"train.steps": "train.rounds"}
 
 
 def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
-    """The value of ``section.key`` typed strictly by the field (see :func:`dpgrpo.config.values.parse_value`); a value
-    of the wrong type is a ConfigError naming the key, never silently converted."""
-    cls = _CLASSES[section]
-    hints = typing.get_type_hints(cls)
+    """The value of run-config key ``section.key`` typed strictly by its field (see
+    :func:`typed_value`)."""
     dotted = f"{section}.{key}"
     if dotted in RENAMED:
         raise ConfigError(f"{dotted} was renamed {RENAMED[dotted]}")
-    if key not in hints:
+    return typed_value(_CLASSES[section], section, key, value, text=text)
+
+
+def typed_value(cls: type, section: str, key: str, value: Any, *, text: bool = False) -> Any:
+    """``value`` for field ``key`` of the table ``cls`` (``[section]``), typed strictly by the
+    field (:func:`dpgrpo.config.values.parse_value`): an unknown key, or a value of the wrong
+    type, is a ConfigError naming ``section.key``, never silently converted."""
+    try:
+        base, optional = field_type(cls, key)
+    except KeyError:
         known = ", ".join(f.name for f in fields(cls))
-        raise ConfigError(f"unknown key '{section}.{key}' (known: {known})")
-    hint = hints[key]
-    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    args = typing.get_args(hint) if is_union else ()
-    optional = type(None) in args
-    base = next((a for a in args if a is not type(None)), hint) if args else hint
+        raise ConfigError(f"unknown key '{section}.{key}' (known: {known})") from None
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and optional):
         if not optional:
             raise ConfigError(f"'{section}.{key}' cannot be empty")
@@ -63,6 +73,25 @@ def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
         return parse_value(base, value, text)
     except (TypeError, ValueError):
         raise ConfigError(f"'{section}.{key}' expects {type_name(base)}, got {value!r}") from None
+
+
+T = typing.TypeVar("T")
+
+
+def table_from_dict(cls: type[T], table: Any, *, section: str, source: str = "config",
+                    text: bool = False) -> T:
+    """One TOML table as the frozen dataclass ``cls``: the one strict loader of every table a
+    user writes (the run config's sections and the experiment tables ``[protocol]``,
+    ``[study]``, ``[tune]``). Unknown keys and values of the wrong type are refused, and the
+    dataclass's ``__post_init__`` checks the rest; every error names ``source``, the table
+    and the key."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [{section}] must be a table")
+    try:
+        kwargs = {k: typed_value(cls, section, k, v, text=text) for k, v in table.items()}
+        return cls(**kwargs)
+    except DPGRPOError as err:  # name the file too: "c.toml: 'study.sweep' expects ..."
+        raise type(err)(f"{source}: {err}") from None
 
 
 def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConfig:
@@ -82,6 +111,38 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConf
         return RunConfig(**sections)
     except DPGRPOError as err:
         raise type(err)(f"{source}: {err}") from None
+
+
+def check_override_table(table: Any, where: str) -> dict[str, Any]:
+    """A table of ``"section.key" = value`` overrides of the run config (a protocol recipe, the
+    study's leaky, private-audit and warm-start runs): each key must be a run-config key and
+    each value parse as that field's ``--set`` text; ConfigError naming ``where`` otherwise.
+    Nested tables (``[x.train] learning_rate = ...``) are flattened first."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table of \"section.key\" = value")
+    flat = _flatten("", table)
+    try:
+        _parse_overrides([f"{k}={override_text(v)}" for k, v in flat.items()])
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return flat
+
+
+def override_text(value: Any) -> str:
+    """A TOML value as ``--set`` text: true/false, a comma-separated list, else str()."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(override_text(v) for v in value)
+    return str(value)
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """``{"train": {"learning_rate": x}}`` -> ``{"train.learning_rate": x}``."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    return {k: v for key, item in value.items()
+            for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()}
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -107,9 +168,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     from an override (e.g. ``data.n_slots`` for a contributor-level file).
     """
     data: dict[str, Any] = read_toml(path) if path is not None else {}
-    data.pop("protocol", None)  # settings of `dpgrpo protocol`; not part of one run's config
-    data.pop("study", None)     # settings of `dpgrpo study`; likewise
-    data.pop("tune", None)      # settings of `dpgrpo tune` (dpgrpo.experiments.tune)
+    split_tables(data, source=str(path))   # the experiment tables: checked, not part of a run
     return config_from_dict(_merge(data, overrides or []), source=str(path or "defaults"))
 
 
@@ -181,6 +240,109 @@ def embedded_default() -> RunConfig:
     return load_config(EMBEDDED_DEFAULT)
 
 
+def split_tables(data: dict[str, Any], *, source: str = "config") -> dict[str, dict[str, Any]]:
+    """Take the experiment tables (``[protocol]``, ``[study]``, ``[tune]``: settings of the
+    commands, not of one run) out of a parsed file, after checking each against its schema
+    (:mod:`dpgrpo.config.experiments`): every key known and every value of its type, wherever
+    the file is read. Returns table name -> its raw dict (the command that runs it builds the
+    settings, with its CLI options over the table)."""
+    tables = {name: data.pop(name) for name in EXPERIMENT_TABLES if name in data}
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{name}] must be a table")
+        if name == "tune" and "proxy" not in table:
+            _settings(TuneSettings, name, table, {"proxy": "-"}, source)  # --proxy comes later
+        else:
+            _LOADERS[name](table, source=source)
+    return tables
+
+
+def _recipes(table: Any, where: str) -> dict[str, dict[str, Any]]:
+    """``[protocol.recipes.<arm>]`` tables, each a table of run-config overrides."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must hold one table per arm")
+    return {arm: check_override_table(recipe, f"{where[:-1]}.{arm}]")
+            for arm, recipe in table.items()}
+
+
+def _grid(table: Any, where: str) -> tuple[GridPoint, ...]:
+    """``[tune.grid]``: point name -> a list of overrides, or a table of key = value."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table: point name -> overrides")
+    points = []
+    for name, value in table.items():
+        if isinstance(value, dict):
+            items = tuple(f"{k}={override_text(v)}" for k, v in _flatten("", value).items())
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            items = tuple(value)
+        else:
+            raise ConfigError(f"{where} {name!r} must be a list of \"section.key=value\" "
+                              f"strings or a table, got {value!r}")
+        try:
+            _parse_overrides(list(items))
+        except ConfigError as err:
+            raise ConfigError(f"{where} {name!r}: {err}") from None
+        points.append(GridPoint(name, items))
+    return tuple(points)
+
+
+#: keys of the experiment tables that are tables themselves, each with its reader
+_SUBTABLES: dict[str, dict[str, Callable[[Any, str], Any]]] = {
+    "protocol": {"recipes": _recipes},
+    "study": {"leaky": check_override_table, "private_audit": check_override_table,
+              "warm_start": check_override_table},
+    "tune": {"grid": _grid},
+}
+
+
+def _settings(cls: type[T], name: str, table: Mapping[str, Any], options: Mapping[str, Any],
+              source: str, **extra: Any) -> T:
+    """Settings of the table ``[name]``: ``options`` (a command's typed options, None = not
+    given) over the table, read by the one strict loader."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{source}: [{name}] must be a table")
+    values = {**table, **{k: v for k, v in options.items() if v is not None}}
+    readers = _SUBTABLES.get(name, {})
+    try:
+        kwargs = {k: readers[k](v, f"[{name}.{k}]") if k in readers
+                  else typed_value(cls, name, k, v) for k, v in values.items()}
+        return cls(**{**kwargs, **extra})
+    except DPGRPOError as err:
+        raise type(err)(f"{source}: {err}") from None
+
+
+def load_protocol_table(table: Mapping[str, Any], *, source: str = "config",
+                        **options: Any) -> ProtocolSettings:
+    """``[protocol]`` settings: ``options`` (CLI values; None = not given) over the table;
+    the recipes of the table merged key by key over :data:`DEFAULT_RECIPES`."""
+    recipes = {arm: dict(r) for arm, r in DEFAULT_RECIPES.items()}
+    table = dict(table)
+    try:
+        for arm, recipe in _recipes(table.pop("recipes", {}), "[protocol.recipes]").items():
+            recipes.setdefault(arm, {}).update(recipe)
+    except DPGRPOError as err:
+        raise type(err)(f"{source}: {err}") from None
+    return _settings(ProtocolSettings, "protocol", table, options, source, recipes=recipes)
+
+
+def load_study_table(table: Mapping[str, Any], *, source: str = "config",
+                     **options: Any) -> StudySettings:
+    """``[study]`` settings: ``options`` (None = not given) over the table."""
+    return _settings(StudySettings, "study", table, options, source)
+
+
+def load_tune_table(table: Mapping[str, Any], *, source: str = "config",
+                    **options: Any) -> TuneSettings:
+    """``[tune]`` settings: ``options`` (CLI values; None = not given) over the table."""
+    if not table.get("proxy") and not options.get("proxy"):
+        raise ConfigError(f"{source}: name a public proxy task with --proxy or tune.proxy")
+    return _settings(TuneSettings, "tune", table, options, source)
+
+
+_LOADERS: dict[str, Callable[..., Any]] = {"protocol": load_protocol_table,
+                                           "study": load_study_table, "tune": load_tune_table}
+
+
 def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
                          ) -> tuple[RunConfig, dict[str, Any]]:
     """A training config and its ``[protocol]`` table (:mod:`dpgrpo.experiments.protocol`; stripped, like
@@ -192,9 +354,5 @@ def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
         return apply_overrides(embedded_default(), list(overrides)), {}
     path = Path(path)
     data = read_toml(path)
-    table = data.pop("protocol", {})
-    data.pop("study", None)     # settings of `dpgrpo study` (dpgrpo.experiments.study)
-    data.pop("tune", None)      # settings of `dpgrpo tune`
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [protocol] must be a table")
+    table = split_tables(data, source=str(path)).get("protocol", {})  # checked, with the file
     return config_from_dict(_merge(data, overrides), source=str(path)), table

@@ -7,11 +7,17 @@ and :func:`dpgrpo.config.trl.from_trl_config`. Torch-free, so the config can imp
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Literal
+
 from dpgrpo.errors import ConfigError
+
+LossType = Literal["grpo", "dr_grpo", "prompt_token_mean"]   # the keys of LOSS_TYPES
+ScaleRewards = Literal["group", "none"]                      # the keys of SCALE_REWARDS
 
 #: train.loss_type -> what normalises a completion's token sum in the per-prompt loss; every
 #: normaliser comes from ONE prompt's rows or from public constants (Section III-C, remark 1)
-LOSS_TYPES = {
+LOSS_TYPES: dict[LossType, str] = {
     "grpo": "each completion's token sum over its own length (Eq. 7; TRL's 'grpo')",
     "dr_grpo": "each completion's token sum over the public completion cap (Dr. GRPO, Liu et "
                "al. 2025; TRL's 'dr_grpo'); with train.scale_rewards = 'none' for all of Dr. GRPO",
@@ -19,7 +25,7 @@ LOSS_TYPES = {
                          "(DAPO's token-level mean, Yu et al. 2025, counted per prompt)",
 }
 #: train.scale_rewards -> how a group's centred rewards are scaled (Eq. 2 within the group)
-SCALE_REWARDS = {
+SCALE_REWARDS: dict[ScaleRewards, str] = {
     "group": "divided by the group's own standard deviation + 1e-4 (Eq. 2; TRL's 'group')",
     "none": "centred on the group mean only (Dr. GRPO; TRL's 'none' / False)",
 }
@@ -42,7 +48,7 @@ REFUSED = {
 }
 
 
-def refuse(key: str, value: str, known: dict[str, str]) -> None:
+def refuse(key: str, value: str, known: Collection[str]) -> None:
     """ConfigError for train.<key> = value: the privacy reason if refused, else the choices."""
     reason = REFUSED.get((key, value))
     if reason is not None:
@@ -50,4 +56,4 @@ def refuse(key: str, value: str, known: dict[str, str]) -> None:
     raise ConfigError(f"train.{key} must be one of {', '.join(known)}, not {value!r}")
 
 
-__all__ = ["LOSS_TYPES", "REFUSED", "SCALE_REWARDS", "refuse"]
+__all__ = ["LOSS_TYPES", "REFUSED", "SCALE_REWARDS", "LossType", "ScaleRewards", "refuse"]

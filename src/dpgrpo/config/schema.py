@@ -12,16 +12,32 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from dpgrpo.config.arms import arm_spec
-from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, refuse
-from dpgrpo.config.values import check_finite
+from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
+from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, LossType, ScaleRewards, refuse
+from dpgrpo.config.values import check_choices, check_finite
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
+
+#: the choices of the run config's string keys, one Literal each (the loader and
+#: :func:`dpgrpo.config.values.check_choices` refuse anything else, listing them)
+Dtype = Literal["float32", "bfloat16", "float16", "float64"]
+LoraTrain = Literal["all", "B", "bias"]
+InitKeep = Literal["all", "A"]
+KLReference = Literal["start", "base"]
+Source = Literal["local", "hub"]
+PrivacyUnit = Literal["prompt", "contributor"]
+GradMethod = Literal["auto", "fast", "reference"]
+BatchSampling = Literal["poisson", "fixed"]
+RolloutIsolation = Literal["batched", "isolated"]
+Engine = Literal["transformers", "vllm"]          # rollout engines (dpgrpo.rollout.factory)
+MetricsBackend = Literal["jsonl", "tensorboard", "wandb"]   # dpgrpo.training.metrics' sinks
+#: metrics backends that send rows off the machine
+OFF_MACHINE = frozenset({"wandb"})
 
 MAX_GROUP_SIZE = 8
 #: model.lora_train -> what it trains and what stays frozen (stated in the certificate)
-LORA_TRAIN = {
+LORA_TRAIN: dict[LoraTrain, str] = {
     "all": "lora_A and lora_B (rank x (d_in + d_out) per module)",
     "B": "lora_B only (FFA-LoRA, Sun et al. 2024): lora_A frozen at its initialization, "
          "so the update is B times a fixed projection (d_out x rank per module)",
@@ -29,7 +45,7 @@ LORA_TRAIN = {
             "(a steering vector); lora_A and lora_B's weight frozen",
 }  # certificate group figures cost about k^2 seconds at every checkpoint
 #: model.kl_reference -> the policy pi_ref of the KL term (Eq. 3)
-KL_REFERENCE = {
+KL_REFERENCE: dict[KLReference, str] = {
     "start": "the policy the run starts from: the public warm start when model.init_adapter "
              "keeps all its weights, else the base model (a fresh adapter's lora_B is zero, so "
              "both are the same function); the standard GRPO reference (the initial policy)",
@@ -38,7 +54,7 @@ KL_REFERENCE = {
             "towards the base",
 }
 #: model.init_adapter_keep -> which weights of the public warm start the run starts from
-INIT_KEEP = {
+INIT_KEEP: dict[InitKeep, str] = {
     "all": "every weight of the warm start (the run starts at the warm-started model)",
     "A": "the warm start's lora_A only; lora_B (and its bias) start at zero, so the run starts "
          "at the base model and, with lora_train = 'B', learns inside the public run's input "
@@ -49,7 +65,7 @@ class ModelConfig:
     """The public base model and the LoRA adapter (paper, Appendix C-A)."""
 
     name: str = "smollm2-135m"  # a hub id, a local folder, a .gguf file or the alias smollm2-135m
-    dtype: str = "float32"  # base weights; loss, clipping, noise and AdamW stay in fp32
+    dtype: Dtype = "float32"  # base weights; loss, clipping, noise and AdamW stay in fp32
     device: str = "auto"  # "auto" (a GPU when there is one), "cpu", "cuda", "cuda:N" or "mps"
     lora_rank: int = 4  # r of the LoRA adapter (Appendix C-A: 4)
     lora_alpha: float = 8.0  # LoRA scale alpha (the update is alpha / r * B A)
@@ -65,40 +81,30 @@ class ModelConfig:
     # Which adapter weights the private run trains (model.LORA_TRAIN; public): "all" (A and B),
     # "B" (FFA-LoRA: A frozen at its initialization) or "bias" (only B's bias, needs lora_bias:
     # one steering vector per adapted module). Fewer trainable coordinates, less noise.
-    lora_train: str = "all"
+    lora_train: LoraTrain = "all"
     lora_bias: bool = False  # give lora_B a bias (PEFT's lora_bias), zero at start
     # A public adapter to start from (a folder with adapter_model.safetensors, e.g. the release/
     # of a run on public data). Public input: its path and sha256 go into the certificate.
     init_adapter: str | None = None
     # Which of the warm start's weights to keep (INIT_KEEP): "all", or "A" (lora_B reset to 0).
-    init_adapter_keep: str = "all"
+    init_adapter_keep: InitKeep = "all"
     # The KL term's reference policy (KL_REFERENCE): "start" (the policy the run starts from,
     # the warm start if there is one) or "base" (the adapter switched off, as TRL does for PEFT).
-    kl_reference: str = "start"
+    kl_reference: KLReference = "start"
 
     def __post_init__(self) -> None:
         check_finite(self, "model")
-        if self.kl_reference not in KL_REFERENCE:
-            raise ConfigError(f"model.kl_reference must be one of {', '.join(KL_REFERENCE)}, "
-                              f"not {self.kl_reference!r}")
+        check_choices(self, "model")
         if not self.lora_alpha > 0:
             raise ConfigError(f"model.lora_alpha must be > 0, got {self.lora_alpha}")
         if not 0 <= self.lora_dropout < 1:
             raise ConfigError(f"model.lora_dropout must lie in [0, 1), got {self.lora_dropout}")
-        if self.init_adapter_keep not in INIT_KEEP:
-            raise ConfigError(f"model.init_adapter_keep must be one of {', '.join(INIT_KEEP)}, "
-                              f"not {self.init_adapter_keep!r}")
         if self.init_adapter_keep != "all" and self.init_adapter is None:
             raise ConfigError("model.init_adapter_keep = 'A' keeps part of a warm start: set "
                               "model.init_adapter to the public adapter's folder")
-        if self.lora_train not in LORA_TRAIN:
-            raise ConfigError(f"model.lora_train must be one of {', '.join(LORA_TRAIN)}, "
-                              f"not {self.lora_train!r}")
         if self.lora_train == "bias" and not self.lora_bias:
             raise ConfigError("model.lora_train = 'bias' trains lora_B's bias only: "
                               "set model.lora_bias = true too")
-        if self.dtype not in ("float32", "bfloat16", "float16", "float64"):
-            raise ConfigError(f"model.dtype must be float32, bfloat16, float16 or float64, not {self.dtype!r}")
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) \
                 or self.lora_rank < 1:
             raise ConfigError(f"model.lora_rank must be an integer >= 1, got {self.lora_rank!r}")
@@ -127,7 +133,7 @@ class DataConfig:
     task: str = "arithmetic"
     data_dir: str | None = None  # the benchmarks' folder, laid out like ../shared/data
     split: str = "train"  # the split trained on (eval runs use the task's eval split)
-    source: str = "local"  # or "hub" (Hugging Face datasets, needs internet)
+    source: Source = "local"  # or "hub" (Hugging Face datasets, needs internet)
     # Public pre-processing: train on the first `limit` valid problems of the split; `limit`
     # is also a public capacity, n = limit (+ canaries) unless n_slots is set. Refused with
     # privacy_unit = "contributor" (truncation would couple contributors; issue 32).
@@ -141,19 +147,17 @@ class DataConfig:
     # reference answer) or "contributor" (all problems of one contributor: n = data.n_slots
     # contributor slots, and a sampled contributor uses at most per_contributor of its problems
     # per round).
-    privacy_unit: str = "prompt"
+    privacy_unit: PrivacyUnit = "prompt"
     contributors: str | None = None  # mapping file problem id -> contributor (.jsonl or .csv)
     per_contributor: int = 4  # k (public): problems of a sampled contributor used per round
 
     def __post_init__(self) -> None:
         check_finite(self, "data")
+        check_choices(self, "data")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"data.limit must be >= 1, got {self.limit}")
         if self.n_slots is not None and self.n_slots < 1:
             raise ConfigError(f"data.n_slots must be >= 1, got {self.n_slots}")
-        if self.privacy_unit not in ("prompt", "contributor"):
-            raise ConfigError("data.privacy_unit must be 'prompt' or 'contributor', "
-                              f"not {self.privacy_unit!r}")
         if self.per_contributor < 1:
             raise ConfigError(f"data.per_contributor must be >= 1, got {self.per_contributor}")
         if self.privacy_unit == "contributor" and self.limit is not None:
@@ -219,7 +223,7 @@ class TrainConfig:
     """Algorithm 1's loop and the objective (Section VII-A)."""
 
     # what each sampled record computes (config.arms.ARMS: dp-grpo, zero-advantage, ...)
-    arm: str = "dp-grpo"
+    arm: ArmName = FOCAL_ARM
     rounds: int = 50  # T: the rounds of Algorithm 1 (one Poisson-sampled batch each; <= 10^6)
     group_size: int = 8  # G
     temperature: float = 0.7  # sampling temperature of the G completions
@@ -231,8 +235,8 @@ class TrainConfig:
     beta: float = 0.04  # weight of the k3 KL term to the frozen base (Eq. 7)
     # The per-prompt loss's token normaliser (LOSS_TYPES) and the advantages' scale
     # (SCALE_REWARDS); Dr. GRPO is loss_type = "dr_grpo" with scale_rewards = "none".
-    loss_type: str = "grpo"
-    scale_rewards: str = "group"  # "group" (divide by the group's std) or "none"
+    loss_type: LossType = "grpo"
+    scale_rewards: ScaleRewards = "group"  # "group" (divide by the group's std) or "none"
     # Eq. (7)'s log-probs and Eq. (3)'s KL on the tempered policy softmax(logits / temperature),
     # the distribution the completions were sampled from: an on-policy gradient, as TRL and
     # verl compute it. False: the model's own distribution (temperature 1).
@@ -253,7 +257,7 @@ class TrainConfig:
     max_update_norm: float | None = None
     # "auto": the fast LoRA-hook path, or the reference path under gradient checkpointing
     # (autograd then saves only each layer's input: ~6x less memory than the hooks' stashes)
-    grad_method: str = "auto"
+    grad_method: GradMethod = "auto"
     # Compute the frozen layers below the lowest adapted one once per prompt window: the
     # reference pass keeps their output for the gradient pass (dpgrpo.objectives.trunk). Costs
     # B x (prompt + G x completion) hidden states of memory; false recomputes them.
@@ -268,13 +272,13 @@ class TrainConfig:
     clip_nonprivate: bool = True  # non-private arm: keep clipping at C
     # "poisson" (Algorithm 1, every arm); "fixed": exactly round(q n) distinct prompts a round,
     # as TRL takes (non-private arms only: the accountant's bound needs Poisson sampling)
-    batch_sampling: str = "poisson"
+    batch_sampling: BatchSampling = "poisson"
     # Memory budget of one forward/backward pass, counted in completion-cap tokens: a pass holds
     # rows_per_pass = max(1, max_tokens_per_pass // cap) rows of ONE prompt. Public: it never
     # depends on the data, and results depend on it only through summation order.
     max_tokens_per_pass: int = 512
-    rollout_isolation: str = "batched"  # or "isolated": one generate call per prompt
-    rollout_engine: str = "transformers"  # or "vllm" (GPU; pip install 'dpgrpo[vllm]')
+    rollout_isolation: RolloutIsolation = "batched"  # or "isolated": one generate call per prompt
+    rollout_engine: Engine = "transformers"  # or "vllm" (GPU; pip install 'dpgrpo[vllm]')
     # transformers engine on CUDA: constant-shape decoding steps replayed as a CUDA graph
     # (dpgrpo.rollout.graphs; checked against the eager step at every capture)
     cuda_graphs: bool = True
@@ -283,7 +287,7 @@ class TrainConfig:
     bound_memory: bool = True
     # Opt-in logs of public values per round (round, T, epsilon): "jsonl"
     # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.training.metrics)
-    metrics: tuple[str, ...] = ()
+    metrics: tuple[MetricsBackend, ...] = ()
     # Also log wall-clock times (elapsed, time/round, time/<phase>) to train.metrics. They
     # REVEAL THE REALIZED BATCH SIZE (time/reference tracks it at +0.996 on a quiet machine), a
     # side channel outside the guarantee; default: private, in recovery/telemetry.jsonl. A
@@ -319,9 +323,6 @@ class TrainConfig:
         for name in ("rounds", "group_size", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if self.grad_method not in ("auto", "fast", "reference"):
-            raise ConfigError("train.grad_method must be 'auto', 'fast' or 'reference', "
-                              f"not {self.grad_method!r}")
         if not self.learning_rate > 0:
             raise ConfigError(f"train.learning_rate must be > 0, got {self.learning_rate}")
         if self.beta < 0:
@@ -344,6 +345,7 @@ class TrainConfig:
             refuse("loss_type", self.loss_type, LOSS_TYPES)
         if self.scale_rewards not in SCALE_REWARDS:
             refuse("scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        check_choices(self, "train")
         if spec.normalizes_groups and self.group_size < 2:
             raise ConfigError(f"train.group_size = {self.group_size} with arm {self.arm!r}: GRPO "
                               "normalizes rewards within each prompt's group of G completions, "
@@ -356,20 +358,6 @@ class TrainConfig:
         for name in ("rows_per_pass", "rollout_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        from dpgrpo.training.metrics import BACKENDS
-
-        if any(m not in BACKENDS for m in self.metrics):
-            raise ConfigError(f"train.metrics must list backends among {', '.join(BACKENDS)}; "
-                              f"got {list(self.metrics)}")
-        if self.rollout_isolation not in ("batched", "isolated"):
-            raise ConfigError("train.rollout_isolation must be 'batched' or 'isolated', "
-                              f"not {self.rollout_isolation!r}")
-        if self.batch_sampling not in ("poisson", "fixed"):
-            raise ConfigError("train.batch_sampling must be 'poisson' or 'fixed', "
-                              f"not {self.batch_sampling!r}")
-        if self.rollout_engine not in ("transformers", "vllm"):
-            raise ConfigError("train.rollout_engine must be 'transformers' or 'vllm', "
-                              f"not {self.rollout_engine!r}")
 
 
 @dataclass(frozen=True)
@@ -386,6 +374,17 @@ class AuditConfig:
                 raise ConfigError(f"audit.{name} must be >= 0, got {getattr(self, name)}")
 
 
+def check_timing_sinks(backends: tuple[str, ...], timings: bool, releasable: bool) -> None:
+    """Refuse wall-clock times on an off-machine sink in a releasable run (ConfigError): they
+    reveal each round's realized batch size, and W&B keeps them on someone else's server."""
+    off = sorted(set(backends) & OFF_MACHINE)
+    if timings and releasable and off:
+        raise ConfigError(f"train.public_timings = true with train.metrics = {off}: per-phase "
+                          "times reveal each round's realized batch size, and a releasable run "
+                          "does not send them off the machine; use jsonl or tensorboard, or "
+                          "set train.public_timings = false")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -395,8 +394,6 @@ class RunConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
-        from dpgrpo.training.metrics import check_timing_sinks
-
         check_timing_sinks(self.train.metrics, self.train.public_timings, self.releasable)
         if self.private and self.train.batch_sampling != "poisson":
             raise PrivacyBudgetError(

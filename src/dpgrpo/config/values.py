@@ -1,18 +1,25 @@
-"""Strict typing of configuration values (issue 33): what a TOML value or ``--set`` text may be.
+"""Strict typing of configuration values (issues 33, 59): what a TOML value or ``--set`` text may be.
 
-A TOML value must already have the field's type (a boolean is not a number, a number is not a
-string, a float is not an int); ``--set`` text is parsed by the field's type. Every float
-field must be finite, and every numeric field at most its entry in :data:`MAXIMA` (issue 56: the
-one place where the upper bounds live; the lower bounds stay in each ``__post_init__`` with their
-reasons). :mod:`dpgrpo.config` calls these with the field's type and names the key in the error.
+One set of rules for every table a user writes (the run config's sections and the experiment
+tables ``[protocol]``, ``[study]``, ``[tune]``): a TOML value must already have the field's type
+(a boolean is not a number, a number is not a string, a float is not an int); ``--set`` text is
+parsed by the field's type. A field typed with ``Literal`` takes one of its strings
+(:func:`check_choices`, called by each ``__post_init__``, so a dataclass built in code is
+checked too). Every float must be finite (lists of floats included), and every numeric field at
+most its entry in :data:`MAXIMA` (issue 56: the one place where the upper bounds live; the
+lower bounds stay in each ``__post_init__`` with their reasons). :mod:`dpgrpo.config.loading`
+calls these with the field's type and names the file, table and key in the error.
 """
 
 from __future__ import annotations
 
+import collections.abc
+import functools
 import math
+import types
 import typing
 from dataclasses import fields
-from typing import Any
+from typing import Any, Literal
 
 from dpgrpo.errors import ConfigError
 
@@ -25,19 +32,60 @@ def _integer(value: Any) -> int:
     return int(value.strip()) if isinstance(value, str) else value
 
 
+def _item_name(inner: Any) -> str:
+    if typing.get_origin(inner) is Literal:
+        return "strings"
+    return {int: "integers", float: "numbers", str: "strings"}.get(inner, "values")
+
+
 def type_name(base: Any) -> str:
     """How an error names the type ``base`` ("an integer", "a list of strings", ...)."""
     if typing.get_origin(base) is tuple or base is tuple:
         inner = typing.get_args(base)[:1]
-        return f"a list of {'integers' if inner == (int,) else 'strings'}"
+        return f"a list of {_item_name(inner[0]) if inner else 'strings'}"
+    if typing.get_origin(base) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(base)))
+    if _is_table(base):
+        return "a table"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
         base, getattr(base, "__name__", str(base)))
 
 
+def _is_table(base: Any) -> bool:
+    """Whether ``base`` is ``Mapping[...]`` / ``dict[...]`` (a TOML table)."""
+    origin = typing.get_origin(base) or base
+    return isinstance(origin, type) and issubclass(origin, collections.abc.Mapping)
+
+
+def _number(value: Any, text: bool) -> float:
+    """A float from a TOML int or float, or an override's text: a bool or a string in TOML is
+    refused (inf and nan parse, and :func:`check_finite` refuses them with the reason)."""
+    if isinstance(value, bool) or (not text and isinstance(value, str)):
+        raise ValueError(value)
+    if not isinstance(value, (int, float, str)):
+        raise ValueError(value)
+    return float(value)
+
+
+def _scalar(base: Any, value: Any, text: bool) -> Any:
+    """One item of a list: an int, a finite number or a string (a choice's membership is
+    checked by :func:`check_choices`)."""
+    if base is int:
+        if not text and isinstance(value, str):
+            raise ValueError(value)
+        return _integer(value)
+    if base is float:
+        return _number(value, text)
+    if not isinstance(value, str):
+        raise ValueError(value)
+    return value.strip()
+
+
 def parse_value(base: Any, value: Any, text: bool) -> Any:
     """``value`` as ``base``. TOML values (``text`` False) must already have the type: a TOML
-    boolean is not a number, a number is not a string, a float is not an int. Override text
-    (``text`` True) is parsed by the field's type."""
+    boolean is not a number, a number is not a string, a float is not an int, a float is
+    finite, a table is a table. Override text (``text`` True) is parsed by the field's type; a
+    list is comma-separated. ValueError (or TypeError) when it does not fit."""
     if typing.get_origin(base) is tuple or base is tuple:
         if isinstance(value, str):
             items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
@@ -45,11 +93,16 @@ def parse_value(base: Any, value: Any, text: bool) -> Any:
             items = list(value)
         else:
             raise ValueError(value)
-        if typing.get_args(base)[:1] == (int,):
-            return tuple(_integer(v) for v in items)
-        if not all(isinstance(v, str) for v in items):
+        inner = (typing.get_args(base) or (str,))[0]
+        if inner is not int and inner is not float and any(
+                not isinstance(v, str) for v in items):
             raise ValueError(value)
-        return tuple(v.strip() for v in items if v.strip())
+        parsed = tuple(_scalar(inner, v, isinstance(value, str)) for v in items)
+        return tuple(v for v in parsed if v != "") if inner not in (int, float) else parsed
+    if _is_table(base):
+        if not isinstance(value, collections.abc.Mapping):
+            raise ValueError(value)
+        return dict(value)
     if text and not isinstance(value, str):
         raise ValueError(value)
     if base is bool:
@@ -65,14 +118,50 @@ def parse_value(base: Any, value: Any, text: bool) -> Any:
             raise ValueError(value)
         return _integer(value)
     if base is float:
-        if isinstance(value, bool) or (not text and isinstance(value, str)):
-            raise ValueError(value)
-        if not isinstance(value, (int, float, str)):
-            raise ValueError(value)
-        return float(value)
+        return _number(value, text)
     if not isinstance(value, str):
         raise ValueError(value)
     return value
+
+
+def field_type(cls: type, key: str) -> tuple[Any, bool]:
+    """The type of field ``key`` of dataclass ``cls`` without ``| None``, and whether it may be
+    None (KeyError for an unknown key)."""
+    hint = _hints(cls)[key]
+    is_union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = typing.get_args(hint) if is_union else ()
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    return base, optional
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def choices(literal: Any) -> tuple[str, ...]:
+    """The strings of a ``Literal[...]`` type, in order."""
+    return tuple(typing.get_args(literal))
+
+
+def check_choices(obj: Any, section: str) -> None:
+    """Every field typed ``Literal[...]`` (or a list of them) holds one of its strings; else
+    a ConfigError that lists them. Called by each table's ``__post_init__``."""
+    for f in fields(obj):
+        base, _ = field_type(type(obj), f.name)
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        many = typing.get_origin(base) is tuple
+        inner = typing.get_args(base)[0] if many and typing.get_args(base) else base
+        if typing.get_origin(inner) is not Literal:
+            continue
+        allowed = choices(inner)
+        for item in (value if many else (value,)):
+            if item not in allowed:
+                raise ConfigError(f"{section}.{f.name} must be one of {', '.join(allowed)}; "
+                                  f"got {item!r}")
 
 
 _COUNT = 10 ** 12  # a count of problems or slots: beyond any data set, exact in fp64 and int64
@@ -126,16 +215,19 @@ def _show(x: float) -> str:
 
 
 def check_finite(obj: Any, section: str) -> None:
-    """Every float field finite and every numeric field at most its :data:`MAXIMA` entry: inf
-    or nan in a learning rate, a temperature or a privacy parameter would train (or certify)
-    something meaningless without a word, and a finite but huge one overflows later, after
-    rounds were charged (``clip_norm = 1e308`` released a NaN adapter; issue 56)."""
+    """Every float field finite (each number of a list too) and every numeric field at most its
+    :data:`MAXIMA` entry: inf or nan in a learning rate, a temperature or a privacy parameter
+    would train (or certify) something meaningless without a word, and a finite but huge one
+    overflows later, after rounds were charged (``clip_norm = 1e308`` released a NaN adapter;
+    issue 56)."""
     for f in fields(obj):
         key, value = f"{section}.{f.name}", getattr(obj, f.name)
+        items = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+            what = "finite numbers" if isinstance(value, tuple) else "a finite number"
+            raise ConfigError(f"'{key}' must be {what}, got {value}")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"'{key}' must be a finite number, got {value}")
         if key in MAXIMA and value > MAXIMA[key]:
             raise ConfigError(f"'{key}' must be at most {_show(MAXIMA[key])}, got {_show(value)} "
                               "(the bounds: dpgrpo.config.values.MAXIMA)")
@@ -155,4 +247,5 @@ def check_weights(weights: Any, key: str = "reward_weights") -> None:
                               f"got {list(weights)}")
 
 
-__all__ = ["MAXIMA", "check_finite", "check_weights", "parse_value", "type_name"]
+__all__ = ["MAXIMA", "check_choices", "check_finite", "check_weights", "choices",
+           "field_type", "parse_value", "type_name"]

@@ -11,9 +11,9 @@ It is NOT the privacy seed: coins, rollouts, noise and the LoRA initialization s
 entropy unless the config sets the debugging ``privacy.seed`` (runs are then not releasable;
 seed k uses :func:`dpgrpo.privacy.seeds.run_seed`).
 
-Settings (:class:`ProtocolSettings`) come from CLI options, else from an optional
-``[protocol]`` table of the TOML config (stripped before the RunConfig is built), else from
-defaults; per-arm recipes default to the paper's supervised ones (Appendix C-B: learning rate
+Settings (:class:`dpgrpo.config.experiments.ProtocolSettings`, every key typed and listed in
+docs/config.md) come from CLI options, else from an optional ``[protocol]`` table of the TOML
+config (stripped before the RunConfig is built), else from defaults; per-arm recipes default to the paper's supervised ones (Appendix C-B: learning rate
 5e-6 filtered, 2e-5 gold, C = 0.1143670583). A recipe may set ``train.*`` (not ``arm``,
 ``rounds``) and ``privacy.clip_norm`` only, so that the arms keep one budget::
 
@@ -43,12 +43,22 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
 from dpgrpo.config import RunConfig, apply_overrides
-from dpgrpo.config.arms import ARMS, arm_spec, arms_with_role
+from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
+from dpgrpo.config.experiments import (
+    BASE_ARM,
+    DEFAULT_RECIPES,
+    LADDER_ARMS,
+    NON_PRIVATE_ARM,
+    PRIMARY_ARMS,
+    SFT_CLIP_NORM,
+    ProtocolSettings,
+)
+from dpgrpo.config.loading import load_protocol_table
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.privacy.seeds import run_seed
 from dpgrpo.release.files import certified_rounds
@@ -56,73 +66,12 @@ from dpgrpo.reports.budget import BudgetRow, resolve_budget
 from dpgrpo.reports.compare import Settings
 from dpgrpo.rundir.layout import RunDir, read_json_or_none
 
-PRIMARY_ARMS = arms_with_role("primary")      # the arm table's roles, in its order
-LADDER_ARMS = arms_with_role("ladder")
-NON_PRIVATE_ARM, = arms_with_role("reference")  # the one sigma = 0 reference arm
-BASE_ARM = "base"
-SFT_CLIP_NORM = 0.1143670583  # Appendix C-B
-DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
-    "filtered-sft": {"train.learning_rate": 5e-6, "privacy.clip_norm": SFT_CLIP_NORM},
-    "gold-sft": {"train.learning_rate": 2e-5, "privacy.clip_norm": SFT_CLIP_NORM},
-}
-
-
-@dataclass(frozen=True)
-class ProtocolSettings:
-    """Which arms and seeds to run and how to evaluate and compare them."""
-
-    seeds: int = 2
-    arms: tuple[str, ...] = PRIMARY_ARMS
-    ladder: bool = False
-    non_private: bool = False
-    non_private_seeds: int = 1  # runs of the non-private arm (the paper: one)
-    eval_limit: int | None = None
-    eval_split: str = "eval"
-    eval_batch_size: int = 8
-    eval_max_new_tokens: int | None = None  # default: train.max_new_tokens, else the task's cap
-    draws: int = Settings.draws
-    sign_draws: int = Settings.sign_draws
-    figures: bool = True
-    recipes: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: DEFAULT_RECIPES)
-
-    def __post_init__(self) -> None:
-        for name in ("seeds", "non_private_seeds"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"protocol.{name} must be >= 1, got {getattr(self, name)}")
-        unknown = [a for a in (*self.arms, *self.recipes) if a not in ARMS]
-        if unknown:
-            raise ConfigError(f"unknown protocol arm {unknown[0]!r} (known: {', '.join(ARMS)}; "
-                              f"the base '{BASE_ARM}' is always evaluated)")
-        if len(set(self.arms)) != len(self.arms) or not self.arms:
-            raise ConfigError(f"protocol.arms must be distinct and non-empty: {self.arms}")
-        for name in ("eval_limit", "eval_batch_size", "eval_max_new_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"protocol.{name} must be >= 1, got {value}")
-        bad = [(arm, key) for arm, recipe in self.recipes.items() for key in recipe
-               if not (key.startswith("train.") and key not in ("train.arm", "train.rounds")
-                       or key == "privacy.clip_norm")]
-        if bad:
-            raise ConfigError(f"protocol recipe for {bad[0][0]!r} sets {bad[0][1]!r}: arms must "
-                              "share the data, model, n, q, sigma and T; a recipe may set train.* "
-                              "(not arm, rounds) and privacy.clip_norm")
-
-    def all_arms(self) -> tuple[str, ...]:
-        """The trained arms in run order: the chosen arms, then the ladder, then non-private."""
-        extra = (*(LADDER_ARMS if self.ladder else ()),
-                 *((NON_PRIVATE_ARM,) if self.non_private else ()))
-        return tuple(dict.fromkeys((*self.arms, *extra)))
-
-    def recipe(self, arm: str) -> list[str]:
-        """The arm's ``section.key=value`` overrides."""
-        return [f"{k}={v}" for k, v in self.recipes.get(arm, {}).items()]
-
 
 @dataclass(frozen=True)
 class RunSpec:
     """One training run of the protocol."""
 
-    arm: str
+    arm: ArmName
     seed: int
     run_dir: Path
     config: RunConfig
@@ -177,39 +126,15 @@ class ProtocolResult:
     report: list[Path]                     # files written by compare
 
 
-def _flatten(prefix: str, value: Any) -> dict[str, Any]:
-    """``{"train": {"learning_rate": x}}`` -> ``{"train.learning_rate": x}``."""
-    if not isinstance(value, dict):
-        return {prefix: value}
-    return {k: v for key, item in value.items()
-            for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()}
-
-
 def protocol_settings(table: Mapping[str, Any], **options: Any) -> ProtocolSettings:
-    """Settings from a ``[protocol]`` table, then ``options`` (CLI values; None = not given).
-
-    Recipes of the table are merged key by key over :data:`DEFAULT_RECIPES`.
-    """
-    known = [f.name for f in fields(ProtocolSettings)]
-    if unknown := sorted((set(table) | set(options)) - set(known)):
-        raise ConfigError(f"unknown protocol key {unknown[0]!r} (known: {', '.join(known)})")
-    values = {**table, **{k: v for k, v in options.items() if v is not None}}
-    recipes = {arm: dict(r) for arm, r in DEFAULT_RECIPES.items()}
-    for arm, recipe in (values.pop("recipes", None) or {}).items():
-        if not isinstance(recipe, dict):
-            raise ConfigError(f"[protocol.recipes.{arm}] must be a table")
-        recipes.setdefault(arm, {}).update(_flatten("", recipe))
-    if "arms" in values:
-        arms = values["arms"]
-        values["arms"] = tuple(a.strip() for a in arms.split(",") if a.strip()) \
-            if isinstance(arms, str) else tuple(arms)
-    try:
-        return ProtocolSettings(**values, recipes=recipes)
-    except TypeError as err:
-        raise ConfigError(f"bad protocol setting: {err}") from None
+    """Settings from a ``[protocol]`` table, then ``options`` (CLI values; None = not given),
+    read by the config's one strict loader (:func:`dpgrpo.config.loading.load_protocol_table`:
+    unknown keys and wrong types refused). Recipes of the table are merged key by key over
+    :data:`DEFAULT_RECIPES`."""
+    return load_protocol_table(table, **options)
 
 
-def arm_config(config: RunConfig, arm: str, seed: int, sigma: float,
+def arm_config(config: RunConfig, arm: ArmName, seed: int, sigma: float,
                recipe: Sequence[str] = ()) -> RunConfig:
     """The RunConfig of ``arm``'s seed-``seed`` run: the arm, the shared sigma (None for the
     non-private arm), the debugging seed if the config has one, then the recipe overrides."""
@@ -232,7 +157,7 @@ def plan_protocol(config: RunConfig, settings: ProtocolSettings, out_dir: str | 
     problems = load_split(config.data.task, settings.eval_split, config.data.data_dir,
                           source=config.data.source).problems
     n_eval = len(problems[:settings.eval_limit] if settings.eval_limit else problems)
-    private = replace(config, train=replace(config.train, arm="dp-grpo"))
+    private = replace(config, train=replace(config.train, arm=FOCAL_ARM))
     budget = resolve_budget(private, config.data.task)
     runs = []
     for arm in settings.all_arms():
@@ -422,6 +347,7 @@ def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[s
 
 
 __all__ = ["BASE_ARM", "DEFAULT_RECIPES", "LADDER_ARMS", "NON_PRIVATE_ARM", "PRIMARY_ARMS",
+           "SFT_CLIP_NORM",
            "ProtocolPlan", "ProtocolResult", "ProtocolSettings", "RunSpec", "arm_config",
            "check_existing", "check_run_dir", "check_shared_budget", "ensure_trained",
            "eval_complete", "evaluate", "plan_protocol", "protocol_settings", "release_complete",

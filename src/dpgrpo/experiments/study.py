@@ -64,6 +64,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
+from dpgrpo.config.arms import FOCAL_ARM
+from dpgrpo.config.experiments import StudySettings
+from dpgrpo.config.loading import load_protocol_table, load_study_table, split_tables
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.experiments.study_pool import run_in_workers
 from dpgrpo.experiments.study_steps import (
@@ -71,7 +74,6 @@ from dpgrpo.experiments.study_steps import (
     WARM_START,
     Say,
     Steps,
-    StudySettings,
     _base_samples,
     _canary,
     _mia,
@@ -101,20 +103,19 @@ class _Study:
              overrides: Mapping[str, Any] | None = None) -> "_Study":
         """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings (and
         ``seeds``: that many runs of every trained arm, private and non-private)."""
-        from dpgrpo.experiments.protocol import plan_protocol, protocol_settings
+        from dpgrpo.experiments.protocol import plan_protocol
 
         config_path = Path(config_path).resolve()
         data = read_toml(config_path)
+        source = str(config_path)
+        tables = split_tables(data, source=source)
         overrides = dict(overrides or {})
-        table = data.pop("protocol", {})
-        if "seeds" in overrides:      # --seeds N: N runs of every trained arm
-            table = {**table, "seeds": overrides["seeds"], "non_private_seeds": overrides["seeds"]}
-            del overrides["seeds"]
-        settings = StudySettings.from_table({**data.pop("study", {}), **overrides})
-        data.pop("tune", None)        # `dpgrpo tune`'s table (dpgrpo.experiments.tune)
-        config = config_from_dict(data, source=str(config_path))
+        seeds = overrides.pop("seeds", None)    # --seeds N: N runs of every trained arm
+        settings = load_study_table(tables.get("study", {}), source=source, **overrides)
+        config = config_from_dict(data, source=source)
         out = Path(out_dir).resolve()
-        protocol = protocol_settings(table)
+        protocol = load_protocol_table(tables.get("protocol", {}), source=source, seeds=seeds,
+                                       non_private_seeds=seeds)
         if not settings.warm_start:
             return cls(config_path, out, settings, config, plan_protocol(config, protocol, out))
         check_public_warm_start(_warm_config(config, settings), config, protocol.eval_split)
@@ -402,7 +403,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
         leaky, private = tests["leaky-mia"] or leaky, tests["private-mia"] or private
         dp_leaky_mia = tests.get("dp-leaky-mia") or dp_leaky_mia
         sweeps = [_sweep(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
-        dp_run = next(s for s in plan.runs if s.arm == "dp-grpo")
+        dp_run = next(s for s in plan.runs if s.arm == FOCAL_ARM)
         cert = protocol.certificates[dp_run.name]
         whitebox = steps.run("white-box mechanism audit (model-free)",
                              lambda: _whitebox(cert, st.audit("mechanism")))

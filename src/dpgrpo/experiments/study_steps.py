@@ -12,13 +12,15 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides
-from dpgrpo.errors import ConfigError, PrivacyError
+from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
+from dpgrpo.config.experiments import StudySettings
+from dpgrpo.config.loading import override_text
+from dpgrpo.errors import PrivacyError
 from dpgrpo.privacy.planning import noise_to_signal
 from dpgrpo.training.runtime import PeakRSS
 
@@ -26,49 +28,6 @@ Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
 SWEEP_STEP = "sweep eps="          # the name of every sweep step starts so
 WARM_START = "warm-start"          # the public warm start's folder and arm label
-
-
-@dataclass(frozen=True)
-class StudySettings:
-    """What the audit part of the study trains and attacks (public choices, fixed up front)."""
-
-    members: int = 32
-    audit_samples: int = 8
-    audit_temperature: float = 0.5
-    audit_max_new_tokens: int | None = None
-    audit_folds: int = 5
-    audit_seed: int = 0
-    sweep: tuple[float, ...] = (32.0, 128.0)
-    leaky: Mapping[str, Any] = field(default_factory=dict)
-    dp_leaky: bool = False
-    private_audit: Mapping[str, Any] = field(default_factory=dict)
-    warm_start: Mapping[str, Any] = field(default_factory=dict)  # public warm start overrides
-    audit_prompts_per_batch: int = 16   # prompts per sampling call (x audit_samples rows)
-    audit_permutations: int = 50        # label shuffles of each DIBA audit's permutation test
-    audit_stop_after: int = 10          # ... at most: Besag & Clifford's h (0: all of them)
-    workers: int = 1                    # processes running independent tasks at once
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or self.audit_prompts_per_batch < 1:
-            raise ConfigError("study.workers and study.audit_prompts_per_batch must be >= 1")
-        if self.audit_permutations < 0:
-            raise ConfigError("study.audit_permutations must be >= 0")
-        if self.audit_stop_after < 0:
-            raise ConfigError("study.audit_stop_after must be >= 1, or 0 for the fixed test")
-        if self.members < self.audit_folds:
-            raise ConfigError(f"study.members must be >= study.audit_folds ({self.audit_folds})")
-        if any(not e > 0 for e in self.sweep):
-            raise ConfigError(f"study.sweep epsilons must be > 0, got {list(self.sweep)}")
-
-    @classmethod
-    def from_table(cls, table: Mapping[str, Any]) -> "StudySettings":
-        known = set(cls.__dataclass_fields__)
-        if unknown := sorted(set(table) - known):
-            raise ConfigError(f"unknown study key {unknown[0]!r} (known: {', '.join(sorted(known))})")
-        values = dict(table)
-        if "sweep" in values:
-            values["sweep"] = tuple(float(e) for e in values["sweep"])
-        return cls(**values)
 
 
 def _read_rows(path: Path) -> list[dict[str, Any]]:
@@ -139,8 +98,7 @@ class Steps:
 
 
 def _overrides(table: Mapping[str, Any]) -> list[str]:
-    return [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}"
-            for k, v in table.items()]
+    return [f"{k}={override_text(v)}" for k, v in table.items()]
 
 
 def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
@@ -281,7 +239,7 @@ def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any
     and certificate, or the reason it was refused."""
     from dpgrpo.experiments.protocol import eval_complete, evaluate
 
-    base = next(r for r in plan.runs if r.arm == "dp-grpo")
+    base = next(r for r in plan.runs if r.arm == FOCAL_ARM)
     cfg = apply_overrides(base.config, ["privacy.noise_multiplier=none", f"privacy.epsilon={eps}"])
     run_dir = plan.out_dir / "sweep" / f"dp-grpo-eps{eps:g}"
     try:
@@ -300,7 +258,7 @@ def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
     from dpgrpo.evaluation import stats
     from dpgrpo.reports.inputs import load_arms
 
-    control = next(r for r in plan.runs if r.arm == "zero-advantage")
+    control = next(r for r in plan.runs if r.arm == CONTROL_ARM)
     run_dir, cert = _sweep_run(plan, eps, steps)
     if isinstance(cert, str):
         return {"epsilon": eps, "refused": cert}

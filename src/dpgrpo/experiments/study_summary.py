@@ -6,6 +6,8 @@ import json
 from statistics import NormalDist
 from typing import Any, Mapping
 
+from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
+from dpgrpo.config.experiments import BASE_ARM, NON_PRIVATE_ARM
 from dpgrpo.errors import ConfigError
 from dpgrpo.experiments.study_steps import WARM_START
 from dpgrpo.privacy.planning import noise_to_signal
@@ -78,10 +80,10 @@ def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_g
         return {}
     alone = next(a for a in report["arms"] if a["name"] == WARM_START)["accuracy"]["strict"]
     base = next(a for a in report["arms"] if a["name"] == report["base"])["accuracy"]["strict"]
-    over = _contrast(report, "dp-grpo", WARM_START)
+    over = _contrast(report, FOCAL_ARM, WARM_START)
     np_over = nonprivate_gain - (alone - base)
     # the control against its own start: noise (and the KL term) alone, from the warm start
-    control = (_contrast(report, "zero-advantage", WARM_START)
+    control = (_contrast(report, CONTROL_ARM, WARM_START)
                if report.get("versus_fixed") else None)
     return {"warm_start_accuracy": alone, "warm_start_gain_pp": alone - base,
             "dp_vs_warm_start_pp": over["pp"], "dp_vs_warm_start_ci": over["ci"],
@@ -98,8 +100,8 @@ def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_g
 def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     """The keys of ``cpu-study.json`` that the issue and the results page name."""
     report, cert = results["report"], results["dp_certificate"]
-    nonprivate = _contrast(report, "non-private", "base")
-    dp = _contrast(report, "dp-grpo", "zero-advantage")
+    nonprivate = _contrast(report, NON_PRIVATE_ARM, BASE_ARM)
+    dp = _contrast(report, FOCAL_ARM, CONTROL_ARM)
     leaky_auc, leaky_ci = _auc(results["leaky_mia"])
     dp_auc, dp_ci = _auc(results["private_mia"])
     canary = results["canary"]
@@ -109,7 +111,7 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
         dp_leaky = {"audit_dp_leaky_auc": auc, "audit_dp_leaky_auc_ci": ci,
                     "audit_dp_leaky_auc_ceiling": results["dp_leaky_mia"]["certified_auc_ceiling"],
                     **_permuted("audit_dp_leaky_auc", results["dp_leaky_mia"])}
-    dp_gain = _contrast(report, "dp-grpo", "base")["pp"]
+    dp_gain = _contrast(report, FOCAL_ARM, BASE_ARM)["pp"]
     return {**_warm_start_keys(results, report, dp_gain, nonprivate["pp"]),
         "nonprivate_gain_pp": nonprivate["pp"], "nonprivate_gain_ci": nonprivate["ci"],
         **_runs_keys("nonprivate_gain", nonprivate), **_runs_keys("dp_vs_control", dp),

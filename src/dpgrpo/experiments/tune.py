@@ -31,121 +31,45 @@ A rerun into OUT skips complete points and resumes interrupted ones (:func:`prot
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from dpgrpo.config import RunConfig, apply_overrides, to_toml
+from dpgrpo.config.arms import FOCAL_ARM
+from dpgrpo.config.experiments import (
+    DEFAULT_GRID,
+    FIXED_KEYS,
+    TUNABLE_PREFIXES,
+    GridPoint,
+    TuneSettings,
+)
 from dpgrpo.errors import ConfigError, PrivacyError
-
-#: override keys a grid point may set: the adapter, the optimizer, the objective and m (the
-#: mechanism's epsilon, delta, n and T are the private run's and stay fixed)
-TUNABLE_PREFIXES = ("model.lora_", "model.target_modules", "model.init_adapter", "train.",
-                    "privacy.expected_batch", "privacy.clip_norm")
-FIXED_KEYS = ("train.arm", "train.rounds")
-
-#: the default grid (``dpgrpo tune`` without ``--grid``): today's adapter beside smaller ones
-DEFAULT_GRID: dict[str, tuple[str, ...]] = {
-    "lora-all": (),
-    "ffa-B": ("model.lora_train=B",),
-    "ffa-B-lr3e-2": ("model.lora_train=B", "train.learning_rate=3e-2"),
-    "bias": ("model.lora_bias=true", "model.lora_train=bias", "train.learning_rate=3e-2"),
-}
-
-
-@dataclass(frozen=True)
-class GridPoint:
-    """One setting to try: a name and its ``section.key=value`` overrides."""
-
-    name: str
-    overrides: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ConfigError(f"grid point name {self.name!r} must be a plain folder name")
-        for item in self.overrides:
-            key = item.split("=", 1)[0].strip()
-            if key in FIXED_KEYS or not key.startswith(TUNABLE_PREFIXES):
-                raise ConfigError(
-                    f"grid point {self.name!r} sets {key!r}: a point may set the adapter "
-                    "(model.lora_*, model.target_modules, model.init_adapter), train.* (not arm "
-                    "or rounds), privacy.expected_batch or privacy.clip_norm; epsilon, delta, n "
-                    "and T are the private run's")
-
-
-@dataclass(frozen=True)
-class TuneSettings:
-    """The proxy, the grid and how points are scored."""
-
-    proxy: str
-    proxy_data_dir: str | None = None
-    grid: tuple[GridPoint, ...] = field(
-        default_factory=lambda: tuple(GridPoint(k, v) for k, v in DEFAULT_GRID.items()))
-    eval_split: str = "eval"
-    eval_limit: int | None = None
-    eval_batch_size: int = 25
-    workers: int = 1
-    seeds: int = 1              # runs per point; a point's score is their mean accuracy
-
-    def __post_init__(self) -> None:
-        if not self.grid:
-            raise ConfigError("the tuning grid is empty")
-        names = [p.name for p in self.grid]
-        if len(set(names)) != len(names):
-            raise ConfigError(f"grid point names must be distinct: {names}")
-        if self.workers < 1 or self.eval_batch_size < 1 or self.seeds < 1:
-            raise ConfigError("tune: workers, eval_batch_size and seeds must be >= 1")
 
 
 def parse_grid(table: Mapping[str, Any]) -> tuple[GridPoint, ...]:
-    """A ``[tune.grid]`` table (point name -> list of overrides, or a table of key = value)."""
-    points = []
-    for name, value in table.items():
-        if isinstance(value, Mapping):
-            items = tuple(f"{k}={_toml_value(v)}" for k, v in value.items())
-        elif isinstance(value, (list, tuple)):
-            items = tuple(str(v) for v in value)
-        else:
-            raise ConfigError(f"[tune.grid] {name!r} must be a list of overrides or a table")
-        points.append(GridPoint(name, items))
-    return tuple(points)
+    """A ``[tune.grid]`` table (point name -> list of overrides, or a table of key = value),
+    each override checked against the run config's schema."""
+    from dpgrpo.config.loading import _grid
 
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value)
+    return _grid(dict(table), "[tune.grid]")
 
 
 def load_tune(path: str | Path, overrides: Sequence[str] = (), **options: Any
               ) -> tuple[RunConfig, TuneSettings]:
     """The private config (its ``[tune]``, ``[protocol]`` and ``[study]`` tables stripped) and
-    the tune settings: CLI ``options`` (None = not given) over the ``[tune]`` table."""
+    the tune settings: CLI ``options`` (None = not given) over the ``[tune]`` table, read by the
+    config's one strict loader (:func:`dpgrpo.config.loading.load_tune_table`)."""
     from dpgrpo.config import config_from_dict, read_toml
+    from dpgrpo.config.loading import load_tune_table, split_tables
 
     data = read_toml(path)
-    table = data.pop("tune", {}) or {}
-    protocol = data.pop("protocol", {}) or {}
-    data.pop("study", None)
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: [tune] must be a table")
+    tables = split_tables(data, source=str(path))
     config = apply_overrides(config_from_dict(data, source=str(path)), list(overrides))
-    values = dict(table)
-    grid = values.pop("grid", None)
-    values.update({k: v for k, v in options.items() if v is not None})
-    values.setdefault("eval_batch_size", protocol.get("eval_batch_size", 25))
-    known = {"proxy", "proxy_data_dir", "eval_split", "eval_limit", "eval_batch_size", "workers",
-             "seeds"}
-    if unknown := sorted(set(values) - known):
-        raise ConfigError(f"{path}: unknown [tune] key {unknown[0]!r} (known: "
-                          f"{', '.join(sorted(known | {'grid'}))})")
-    if not values.get("proxy"):
-        raise ConfigError(f"{path}: name a public proxy task with --proxy or tune.proxy")
-    if grid is not None:
-        values["grid"] = parse_grid(grid)
-    return config, TuneSettings(**values)
+    table = dict(tables.get("tune", {}))
+    if "eval_batch_size" not in table and options.get("eval_batch_size") is None:
+        table["eval_batch_size"] = tables.get("protocol", {}).get("eval_batch_size", 25)
+    return config, load_tune_table(table, source=str(path), **options)
 
 
 def private_slots(config: RunConfig) -> int:
@@ -212,7 +136,7 @@ def proxy_config(config: RunConfig, settings: TuneSettings, point: GridPoint, n:
     delta = config.privacy.delta if config.privacy.delta is not None else 1.0 / (10 * n)
     privacy = replace(config.privacy, delta=delta, noise_multiplier=None)
     cfg = replace(config, data=data, privacy=privacy, audit=replace(config.audit, canaries=0),
-                  train=replace(config.train, arm="dp-grpo"))
+                  train=replace(config.train, arm=FOCAL_ARM))
     return apply_overrides(cfg, list(point.overrides))
 
 
@@ -243,7 +167,7 @@ def plan_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out:
     from dpgrpo.experiments.protocol import ProtocolSettings, plan_protocol
 
     cfg = proxy_config(config, settings, point, n)
-    st = ProtocolSettings(seeds=settings.seeds, arms=("dp-grpo",), eval_split=settings.eval_split,
+    st = ProtocolSettings(seeds=settings.seeds, arms=(FOCAL_ARM,), eval_split=settings.eval_split,
                           eval_limit=settings.eval_limit,
                           eval_batch_size=settings.eval_batch_size, figures=False)
     return plan_protocol(cfg, st, _point_dirs(out, point))
@@ -444,6 +368,7 @@ def grid_table(result: TuneResult) -> str:
             + f"\n\nProxy base accuracy {100 * result.base_accuracy:.1f}%.\n")
 
 
-__all__ = ["DEFAULT_GRID", "GridPoint", "PointResult", "TuneResult", "TuneSettings",
+__all__ = ["DEFAULT_GRID", "FIXED_KEYS", "TUNABLE_PREFIXES", "GridPoint", "PointResult",
+           "TuneResult", "TuneSettings",
            "check_proxy", "grid_table", "load_tune", "parse_grid", "private_slots", "proxy_config",
            "run_tune"]

@@ -28,11 +28,13 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from dpgrpo.config.schema import Engine
+from dpgrpo.config.values import choices
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout.batch import Message, RolloutBatch
 
 #: engine names accepted by ``train.rollout_engine`` and :func:`make_engine`
-ENGINES = ("transformers", "vllm")
+ENGINES: tuple[str, ...] = choices(Engine)   # train.rollout_engine's one list
 
 
 @runtime_checkable

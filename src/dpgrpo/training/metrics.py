@@ -31,16 +31,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from dpgrpo.config.schema import OFF_MACHINE, MetricsBackend, check_timing_sinks
+from dpgrpo.config.values import choices
 from dpgrpo.errors import ConfigError, PrivacyError
 
 PHASES = ("rollout", "reference", "gradients", "mechanism", "step")
-BACKENDS = ("jsonl", "tensorboard", "wandb")
+BACKENDS: tuple[str, ...] = choices(MetricsBackend)   # the config's one list of them
 #: The only keys a metrics row may hold by default: public values (invariant 6).
 PUBLIC_KEYS = frozenset({"round", "rounds", "epsilon"})
 #: Wall-clock keys: they reveal the realized batch size, so only with train.public_timings.
 TIMING_KEYS = frozenset({"elapsed", "time/round", *(f"time/{phase}" for phase in PHASES)})
-#: Backends that send rows off the machine: refused for timings in a releasable run.
-OFF_MACHINE = frozenset({"wandb"})
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -147,17 +147,6 @@ class MetricsLogger:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
-
-
-def check_timing_sinks(backends: tuple[str, ...], timings: bool, releasable: bool) -> None:
-    """Refuse wall-clock times on an off-machine sink in a releasable run (ConfigError): they
-    reveal each round's realized batch size, and W&B keeps them on someone else's server."""
-    off = sorted(set(backends) & OFF_MACHINE)
-    if timings and releasable and off:
-        raise ConfigError(f"train.public_timings = true with train.metrics = {off}: per-phase "
-                          "times reveal each round's realized batch size, and a releasable run "
-                          "does not send them off the machine; use jsonl or tensorboard, or "
-                          "set train.public_timings = false")
 
 
 def open_metrics(backends: tuple[str, ...], run_dir: Path,
