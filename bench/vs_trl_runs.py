@@ -57,6 +57,10 @@ class Variant:
     sets: dict[str, object] = field(default_factory=dict)   # dpgrpo overrides
 
 
+#: dpgrpo's step made TRL's (LoRA dropout 0.05 kept): D1, D2 and D3 all removed
+_TRL_LIKE: dict[str, object] = {"train.batch_sampling": "fixed", "train.rollout_dropout": True,
+                                "train.share_prompt_pass": False}
+
 VARIANTS: dict[str, Variant] = {
     "trl": Variant("trl", "TRL GRPOTrainer as configured (LoRA dropout 0.05, in train mode)"),
     "trl-nodrop": Variant("trl", "TRL with LoRA dropout 0 and disable_dropout=True",
@@ -75,6 +79,15 @@ VARIANTS: dict[str, Variant] = {
     "dpgrpo-nodrop": Variant("dpgrpo", "dpgrpo non-private, LoRA dropout 0, Poisson batch "
                              "(D3 back)", versus="trl-nodrop",
                              sets={"model.lora_dropout": 0.0}),
+    "dpgrpo-trl-like": Variant("dpgrpo", "dpgrpo non-private, dropout 0.05, exactly 8 prompts, "
+                               "rollouts sampled under dropout unmerged, one mask per row: the "
+                               "step is TRL's own function", versus="trl", sets=_TRL_LIKE),
+    "dpgrpo-d1": Variant("dpgrpo", "dpgrpo-trl-like with rollouts sampled merged, without "
+                         "dropout (D1 back)", versus="trl",
+                         sets={**_TRL_LIKE, "train.rollout_dropout": False}),
+    "dpgrpo-d2": Variant("dpgrpo", "dpgrpo-trl-like with one dropout mask for a prompt's tokens, "
+                         "shared by its rows (D2 back)", versus="trl",
+                         sets={**_TRL_LIKE, "train.share_prompt_pass": True}),
 }
 
 
@@ -99,6 +112,22 @@ def commit() -> str:
 
 # --- one run (a child process) -------------------------------------------------------------
 
+def _count_dropout() -> tuple[dict[str, int], object]:
+    """Count, process-wide, the calls of a dropout module that fires (train mode, p > 0):
+    under no-grad (sampling; the reference pass runs with the adapter off) and with grad (the
+    loss pass). Issue 55's D1 check that rollouts really sample under dropout. Returns the
+    counts and the hook's handle."""
+    import torch
+
+    counts = {"no_grad": 0, "grad": 0}
+
+    def hook(module: torch.nn.Module, _args: object, _out: object) -> None:
+        if isinstance(module, torch.nn.Dropout) and module.training and module.p > 0:
+            counts["grad" if torch.is_grad_enabled() else "no_grad"] += 1
+
+    return counts, torch.nn.modules.module.register_module_forward_hook(hook)
+
+
 def run_one(name: str, model_dir: Path, run_dir: Path, rounds: int, limit: int,
             sets: dict[str, object]) -> dict:
     """Train variant ``name`` once in this process and evaluate it: the run's record."""
@@ -111,6 +140,7 @@ def run_one(name: str, model_dir: Path, run_dir: Path, rounds: int, limit: int,
     variant = VARIANTS[name]
     started = time.time()
     load = os.getloadavg()[0]
+    fired, _ = _count_dropout()
     if variant.library == "trl":
         seed = secrets.randbelow(2**31)            # a fresh TRL seed per run, recorded
         out = vs_trl.run_trl(model_dir, run_dir, rounds, seed, dropout=variant.dropout,
@@ -119,7 +149,7 @@ def run_one(name: str, model_dir: Path, run_dir: Path, rounds: int, limit: int,
     else:
         out = vs_trl.run_dpgrpo("non-private", model_dir, run_dir, rounds,
                                 {**variant.sets, **sets})
-    trained = time.time()
+    trained, fired = time.time(), dict(fired)     # training's dropout calls, not the eval's
     rows = vs_trl.scored(_evaluate(model_dir, Path(out["adapter"]), run_dir, limit))
     return {"variant": name, "library": variant.library, "commit": commit(),
             "settings": {"dropout": variant.dropout, "disable_dropout": variant.disable_dropout,
@@ -132,7 +162,7 @@ def run_one(name: str, model_dir: Path, run_dir: Path, rounds: int, limit: int,
             "loadavg_end": os.getloadavg()[0],
             "seconds_per_step": [r["seconds"] for r in out["rounds"]],
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "telemetry": out.get("telemetry", []),
+            "telemetry": out.get("telemetry", []), "dropout_fired": fired,
             "ids": [i for i, _ in rows], "correct": [bool(c) for _, c in rows],
             "accuracy": sum(c for _, c in rows) / len(rows) if rows else 0.0}
 

@@ -205,3 +205,30 @@ def test_every_dpgrpo_variant_names_a_trl_counterpart_and_valid_overrides():
             assert vs_trl_runs.VARIANTS[variant.versus].library == "trl", name
             dpgrpo.from_trl_config(vs_trl.TRL_OPTIONS, overrides={
                 "train.arm": "non-private", **variant.sets}).config()   # loads, or raises
+
+
+def test_the_dropout_counter_tells_sampling_from_the_loss_pass():
+    import torch
+
+    layer = torch.nn.Dropout(0.5)
+    before, handle = vs_trl_runs._count_dropout()
+    counts = dict(before)
+    layer.train()
+    with torch.no_grad():
+        layer(torch.ones(3))
+    layer(torch.ones(3, requires_grad=True))
+    layer.eval()
+    layer(torch.ones(3))                          # eval mode: does not fire
+    torch.nn.Dropout(0.0).train()(torch.ones(3))  # p = 0: does not fire
+    handle.remove()
+    assert before == {"no_grad": counts["no_grad"] + 1, "grad": counts["grad"] + 1}
+
+
+def test_the_bisection_variants_each_put_back_one_difference():
+    like = vs_trl_runs.VARIANTS["dpgrpo-trl-like"].sets
+    assert like == {"train.batch_sampling": "fixed", "train.rollout_dropout": True,
+                    "train.share_prompt_pass": False}
+    for name, key in (("dpgrpo-d1", "train.rollout_dropout"),
+                      ("dpgrpo-d2", "train.share_prompt_pass")):
+        sets = vs_trl_runs.VARIANTS[name].sets
+        assert {k for k in sets if sets[k] != like[k]} == {key}, name

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
 from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, LossType, ScaleRewards, refuse
 from dpgrpo.config.values import check_choices, check_finite
-from dpgrpo.errors import ConfigError, PrivacyBudgetError
+from dpgrpo.errors import ConfigError, PrivacyBudgetError, PrivacyError
 
 #: the choices of the run config's string keys, one Literal each (the loader and
 #: :func:`dpgrpo.config.values.check_choices` refuse anything else, listing them)
@@ -278,6 +278,15 @@ class TrainConfig:
     # depends on the data, and results depend on it only through summation order.
     max_tokens_per_pass: int = 512
     rollout_isolation: RolloutIsolation = "batched"  # or "isolated": one generate call per prompt
+    # Sample with the adapter unmerged and its LoRA dropout firing on every decoded token, as
+    # TRL's GRPOTrainer samples in train mode (transformers engine). A call's masks come from a
+    # stream of its prompts' seeds, so a private arm needs rollout_isolation = "isolated"
+    # (each prompt's masks its own); false samples the merged adapter without dropout.
+    rollout_dropout: bool = False
+    # Gradient and reference passes run a prompt's tokens once for its G rows (one LoRA-dropout
+    # mask for the prompt's tokens, shared by its rows); false runs every row whole (one mask
+    # per row, as TRL does; G times the prompt's compute). Values agree without dropout.
+    share_prompt_pass: bool = True
     rollout_engine: Engine = "transformers"  # or "vllm" (GPU; pip install 'dpgrpo[vllm]')
     # transformers engine on CUDA: constant-shape decoding steps replayed as a CUDA graph
     # (dpgrpo.rollout.graphs; checked against the eager step at every capture)
@@ -308,7 +317,9 @@ class TrainConfig:
 
     def engine_options(self) -> dict[str, object]:
         """Options of ``rollout_engine`` taken from this table."""
-        return {"cuda_graphs": self.cuda_graphs} if self.rollout_engine == "transformers" else {}
+        if self.rollout_engine != "transformers":
+            return {}
+        return {"cuda_graphs": self.cuda_graphs, "sample_dropout": self.rollout_dropout}
 
     def rollout_rows(self, cap: int) -> int:
         """Rows per generate call: ``rollout_batch_size`` if set, else 16 passes' worth, in
@@ -346,6 +357,9 @@ class TrainConfig:
         if self.scale_rewards not in SCALE_REWARDS:
             refuse("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         check_choices(self, "train")
+        if self.rollout_dropout and self.rollout_engine != "transformers":
+            raise ConfigError("train.rollout_dropout needs train.rollout_engine = 'transformers' "
+                              f"(the {self.rollout_engine!r} engine samples the merged adapter)")
         if spec.normalizes_groups and self.group_size < 2:
             raise ConfigError(f"train.group_size = {self.group_size} with arm {self.arm!r}: GRPO "
                               "normalizes rewards within each prompt's group of G completions, "
@@ -400,6 +414,13 @@ class RunConfig:
                 f"train.batch_sampling = {self.train.batch_sampling!r} with the private arm "
                 f"{self.train.arm!r}: the certificate's bound is for Poisson sampling (Algorithm "
                 "1, line 2); a fixed-size batch is for the non-private arm only")
+        if self.private and self.train.rollout_dropout \
+                and self.train.rollout_isolation != "isolated":
+            raise PrivacyError(
+                f"train.rollout_dropout with the private arm {self.train.arm!r} and batched "
+                "rollouts: prompts decoded in one call would share a dropout stream, so one "
+                "record's presence would change another's masks; set train.rollout_isolation "
+                "= 'isolated'")
         if not self.private:
             if self.privacy.noise_multiplier not in (None, 0.0):
                 raise ConfigError(f"train.arm = {self.train.arm!r} uses sigma = 0; "

@@ -31,6 +31,9 @@ class TrainBatch:
     advantages: torch.Tensor | None = None      # (B, R), computed within each prompt
     ref_logprobs: torch.Tensor | None = None    # (B*R, L) reference-policy token log-probs
     trunk: Trunk | None = None                   # the reference pass's frozen-layer states
+    # a prompt's tokens run once for its rows in each pass (one LoRA-dropout mask for them);
+    # false: every row whole, one mask per row (train.share_prompt_pass)
+    share_prompt: bool = True
 
     def __post_init__(self) -> None:
         n, r = self.num_prompts * self.rows_per_prompt, self.rows_per_prompt
@@ -103,7 +106,7 @@ def window_logprobs(model: torch.nn.Module, batch: TrainBatch, rows: slice, *,
     from dpgrpo.objectives.logprobs import token_logprobs
 
     ids, attn, mask, ref = batch.window(rows)                                 # (n, W)
-    share = min(ids.shape[0], batch.rows_per_prompt)
+    share = min(ids.shape[0], batch.rows_per_prompt) if batch.share_prompt else None
     return (token_logprobs(model, ids, attn, mask=mask, group_size=share, trunk=batch.trunk,
                            temperature=temperature), mask, ref)
 

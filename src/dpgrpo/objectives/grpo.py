@@ -203,7 +203,8 @@ def prompt_row_chunks(num_rows: int, rows_per_prompt: int,
 
 def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
                        batch_size: int | None = None,
-                       trunk: Trunk | None = None, temperature: float = 1.0) -> torch.Tensor:
+                       trunk: Trunk | None = None, temperature: float = 1.0,
+                       share_prompt: bool = True) -> torch.Tensor:
     """Reference-policy token log-probs (no grad): (B*G, L), Eq. (3)'s pi_ref, the policy of
     :func:`dpgrpo.model_adapters.reference_policy` (the run's start: the base, or a public
     warm start).
@@ -213,7 +214,9 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
     bits whichever prompts share its round (record isolation, A2). ``trunk``: each window's
     frozen-layer states are recorded into it, for the gradient pass (:mod:`.trunk`).
     ``temperature``: of the tempered reference policy, the objective's own (Eq. 3 compares the
-    two policies at one temperature).
+    two policies at one temperature). ``share_prompt``: a prompt's tokens run once for its rows
+    (``train.share_prompt_pass``); false: every row whole, as the gradient pass then does (so
+    the trunk's windows match).
     """
     ids, attn, mask, per_prompt = _layout(rollouts)
     dtype = torch.promote_types(next(policy_model.parameters()).dtype, torch.float32)
@@ -227,7 +230,8 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
             cols = slice(int(used[0]), int(used[-1]) + 1)
             out[rows, cols] = token_logprobs(policy_model, ids[rows, cols], attn[rows, cols],
                                              mask=mask[rows, cols],
-                                             group_size=rows.stop - rows.start,
+                                             group_size=(rows.stop - rows.start
+                                                         if share_prompt else None),
                                              trunk=trunk, temperature=temperature).to(dtype)
     return out
 
@@ -235,13 +239,15 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
 def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,
                      advantages: torch.Tensor | None = None,
                      ref_logprobs: torch.Tensor | None = None, *,
-                     mask_truncated: bool = False, trunk: Trunk | None = None) -> TrainBatch:
+                     mask_truncated: bool = False, trunk: Trunk | None = None,
+                     share_prompt: bool = True) -> TrainBatch:
     """TrainBatch for Eq. (7) from a RolloutBatch: loss on completion tokens, weights 1/G.
 
     rewards: (B, G); advantages: (B, G), default :func:`group_advantages` of ``rewards``.
     ``mask_truncated``: completions that hit the cap get no loss tokens (DAPO's overlong
     filtering, Yu et al. 2025, Sec. 3.4; TRL's ``mask_truncated_completions``): a rule on each
     row's own ``hit_cap``. ``trunk``: the reference pass's frozen-layer states (:mod:`.trunk`).
+    ``share_prompt``: :attr:`TrainBatch.share_prompt` (``train.share_prompt_pass``).
     """
     b, g = rollouts.num_prompts, rollouts.group_size
     if tuple(rewards.shape) != (b, g):
@@ -257,4 +263,4 @@ def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,
                       loss_mask=loss_mask,
                       row_weights=row_weights_uniform(b, g, advantages.dtype),
                       num_prompts=b, rows_per_prompt=g, advantages=advantages,
-                      ref_logprobs=ref_logprobs, trunk=trunk)
+                      ref_logprobs=ref_logprobs, trunk=trunk, share_prompt=share_prompt)

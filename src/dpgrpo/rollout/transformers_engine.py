@@ -10,6 +10,14 @@ Prompts are tokenized once. Rows are planned into calls of at most ``rows_per_ca
 
 Randomness comes only from the per-prompt seeds (drawn from the ``torch.Generator`` given, or
 OS entropy): the global torch RNG is neither read nor advanced.
+
+``sample_dropout`` (``train.rollout_dropout``): sample as TRL's GRPOTrainer does, with the
+adapter unmerged and its LoRA dropout firing on every decoded token (the rest of the model stays
+in eval mode). The masks of a call come from torch's generator reseeded, inside
+``torch.random.fork_rng``, from a PRF of the seeds of the prompts in that call (a stream apart
+from their sampling coins, :func:`dropout_seed`): in isolated mode a call holds one prompt, so
+its masks are bound to that prompt alone; batched calls share one stream among their prompts
+(allowed for the non-private arms only, ``config.schema``).
 """
 
 from __future__ import annotations
@@ -49,13 +57,42 @@ def isolation_text(isolated: bool) -> str:
     return ISOLATED if isolated else BATCHED
 
 
+#: the ChaCha20 nonce of a prompt's rollout-dropout stream (its sampling coins use the zero one)
+DROPOUT_NONCE = bytes(4) + b"rolldrop" + bytes(4)
+
+
+def dropout_seed(seeds: Sequence[int]) -> int:
+    """A 64-bit torch seed for the LoRA-dropout masks of a call over prompts with ``seeds``: a
+    PRF output of the first prompt's 256-bit seed under :data:`DROPOUT_NONCE`, the others' seeds
+    mixed in with SHA-256 when the call holds several prompts (batched mode)."""
+    import hashlib
+
+    from dpgrpo.privacy.record_coins import keystream, seed_key
+
+    seed = int(seeds[0])
+    if len(seeds) > 1:
+        digest = hashlib.sha256(b"".join(seed_key(int(s)) for s in seeds)).digest()
+        seed = int.from_bytes(digest, "little")
+    return int.from_bytes(keystream(seed_key(seed), DROPOUT_NONCE, 8), "little")
+
+
+def _lora_dropouts(model: Any) -> list[torch.nn.Module]:
+    """The adapter's dropout modules with p > 0 (peft's ``lora_dropout`` entries)."""
+    return [m for name, m in model.named_modules()
+            if ".lora_dropout." in f".{name}." and isinstance(m, torch.nn.Dropout) and m.p > 0]
+
+
 @contextlib.contextmanager
-def _policy_mode(model: Any, use_adapter: bool) -> Iterator[None]:
-    """Eval mode (no LoRA dropout), inference mode, and the adapter on or off."""
+def _policy_mode(model: Any, use_adapter: bool, dropout: bool = False) -> Iterator[None]:
+    """Eval mode (no LoRA dropout; with ``dropout``, the LoRA dropout modules alone in train
+    mode), inference mode, and the adapter on or off."""
     if not use_adapter and not hasattr(model, "disable_adapter"):
         raise ConfigError("use_adapter=False needs a model with a LoRA adapter (PeftModel)")
     was_training = model.training
     model.eval()
+    if dropout and use_adapter:
+        for module in _lora_dropouts(model):
+            module.train()
     try:
         with (model.disable_adapter() if not use_adapter else contextlib.nullcontext()), \
                 torch.inference_mode():
@@ -115,13 +152,15 @@ class TransformersEngine:
 
     def __init__(self, model: Any, tokenizer: Any, *, isolated: bool = False,
                  rows_per_call: int | None = None, cuda_graphs: bool = True,
-                 merge_adapter: bool | None = None, record_logprobs: bool = False) -> None:
+                 merge_adapter: bool | None = None, record_logprobs: bool = False,
+                 sample_dropout: bool = False) -> None:
         check_request(1, 1, rows_per_call)
         self.model, self.tokenizer = model, tokenizer
         self.isolated, self.rows_per_call = isolated, rows_per_call
         self.cuda_graphs = cuda_graphs       # constant-shape steps replayed as a graph (CUDA)
         self.merge_adapter = merge_adapter   # None: on the CPU only (see merged_adapter)
         self.record_logprobs = record_logprobs   # RolloutBatch.logprobs (the audit's scores)
+        self.sample_dropout = sample_dropout     # LoRA dropout on while sampling (TRL's law)
 
     @property
     def isolation(self) -> str:
@@ -147,19 +186,17 @@ class TransformersEngine:
         calls = plan_calls([len(p) for p in prompts], group_size, self.rows_per_call,
                            self.isolated)
         device = next(self.model.parameters()).device
-        merge = self.merge_adapter if self.merge_adapter is not None else device.type == "cpu"
+        dropout = self.sample_dropout and use_adapter
+        merge = not dropout and (self.merge_adapter if self.merge_adapter is not None
+                                 else device.type == "cpu")
         with (merged_adapter(self.model) if merge and use_adapter else contextlib.nullcontext()), \
-                _policy_mode(self.model, use_adapter):
+                _policy_mode(self.model, use_adapter, dropout):
             for rows in calls:
                 owners = sorted({r // group_size for r in rows})
                 local = {p: i for i, p in enumerate(owners)}
-                out = decode(
-                    self.model, [prompts[p] for p in owners],
-                    [local[r // group_size] for r in rows],
-                    None if coins is None else coins[rows], sampler=sampler,
-                    max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
-                    static=self.cuda_graphs and device.type == "cuda",
-                    logprobs=self.record_logprobs)
+                with _call_masks(dropout, [seeds[p] for p in owners], device):
+                    out = self._decode(prompts, owners, local, rows, coins, sampler, group_size,
+                                       max_new_tokens, stop, pad_id, device, dropout)
                 if logp is not None:
                     out, logp[rows] = out[0], out[1].double().cpu()
                 generated[rows] = cast(torch.Tensor, out).cpu()   # a tuple only with logp
@@ -168,5 +205,35 @@ class TransformersEngine:
                         prompt_mask.repeat_interleave(group_size, 0), generated, stop, pad_id,
                         group_size, len(prompts), max_new_tokens, logp)
 
+    def _decode(self, prompts: list[list[int]], owners: list[int], local: dict[int, int],
+                rows: list[int], coins: torch.Tensor | None, sampler: SamplerSettings,
+                group_size: int, max_new_tokens: int, stop: list[int], pad_id: int,
+                device: torch.device, dropout: bool
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """One call's rows (:func:`decode`); no CUDA graph while dropout draws masks."""
+        return decode(
+            self.model, [prompts[p] for p in owners], [local[r // group_size] for r in rows],
+            None if coins is None else coins[rows], sampler=sampler,
+            max_new_tokens=max_new_tokens, stop=stop, pad_id=pad_id,
+            static=self.cuda_graphs and device.type == "cuda" and not dropout,
+            logprobs=self.record_logprobs)
 
-__all__ = ["BATCHED", "ISOLATED", "TransformersEngine", "isolation_text", "merged_adapter"]
+
+@contextlib.contextmanager
+def _call_masks(dropout: bool, seeds: list[int], device: torch.device) -> Iterator[None]:
+    """With ``dropout``: torch's generators forked and reseeded from :func:`dropout_seed` of
+    the call's prompts, so the run's global state is untouched and the masks are theirs."""
+    if not dropout:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        seed = dropout_seed(seeds)
+        torch.default_generator.manual_seed(seed)
+        if device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+        yield
+
+
+__all__ = ["BATCHED", "DROPOUT_NONCE", "ISOLATED", "TransformersEngine", "dropout_seed",
+           "isolation_text", "merged_adapter"]

@@ -94,11 +94,13 @@ class Arm:
                                  scale=self.train.scale_rewards == "group")
         trunk = self._trunk()
         ref = (reference_logprobs(self.model, rollouts, batch_size=self.train.pass_rows(self.cap),
-                                  trunk=trunk, temperature=self.train.logprob_temperature)
+                                  trunk=trunk, temperature=self.train.logprob_temperature,
+                                  share_prompt=self.train.share_prompt_pass)
                if self.train.beta > 0 else None)
         self.laps.mark("reference")
         return build_grpo_batch(rollouts, rewards, adv, ref, trunk=trunk,
-                                mask_truncated=self.train.mask_truncated_completions), info
+                                mask_truncated=self.train.mask_truncated_completions,
+                                share_prompt=self.train.share_prompt_pass), info
 
     def _kept_trunk(self) -> Trunk | None:
         """Gold SFT's trunk, kept across rounds: a record's window is the same every round, so
