@@ -296,3 +296,68 @@ def test_setup_sh_says_what_it_installs_before_each_step():
         before = [line.strip() for line in lines[max(0, i - 3):i]]
         assert any(line.startswith("step ") for line in before), lines[i]
     assert any('step ".venv is up to date' in line for line in lines)
+
+
+# --- 6. never silent: the heartbeat ------------------------------------------------------------
+
+def test_heartbeat_speaks_after_silence_and_names_the_last_line(monkeypatch):
+    import io
+    import time
+
+    from dpgrpo.cli._progress import Heartbeat
+
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    with Heartbeat(0.2, first="started dpgrpo x"):
+        time.sleep(0.7)
+        sys.stderr.write("calibrating sigma\n")
+        time.sleep(0.7)
+    assert sys.stderr is err  # the stream is restored
+    lines = err.getvalue().splitlines()
+    assert "... still working (last: started dpgrpo x)" in lines
+    assert lines.count("calibrating sigma") == 1
+    after = lines[lines.index("calibrating sigma") + 1:]
+    assert after and set(after) == {"... still working (last: calibrating sigma)"}  # not its own
+    with Heartbeat(0):  # DPGRPO_HEARTBEAT_S=0: off, nothing wrapped
+        assert sys.stderr is err
+        time.sleep(0.3)
+    assert err.getvalue().splitlines() == lines
+
+
+def _line_gaps(env: dict[str, str], sleep_s: float) -> tuple[float, list[float], list[str]]:
+    """Run `dpgrpo privacy epsilon --json` with its accountant made ``sleep_s`` seconds slower
+    (a long silent step) through a pipe: the seconds to the first line, the seconds between
+    consecutive lines, the lines."""
+    import os
+    import time
+
+    code = ("import time\n"
+            "import dpgrpo.privacy.accounting as acc\n"
+            "real = acc.compute_epsilon\n"
+            f"acc.compute_epsilon = lambda *a, **k: (time.sleep({sleep_s}), real(*a, **k))[1]\n"
+            "from dpgrpo.__main__ import main\n"
+            "main(['privacy', 'epsilon', '--n', '100', '--expected-batch', '4', '--rounds', '3',"
+            " '--sigma', '1.0', '--json'])\n")
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
+    assert proc.stdout is not None
+    times, lines = [], []
+    for line in proc.stdout:
+        times.append(time.monotonic())
+        lines.append(line.rstrip("\n"))
+    assert proc.wait() == 0, lines
+    return times[0] - start, [b - a for a, b in zip(times, times[1:])], lines
+
+
+def test_a_long_silent_step_through_a_pipe_still_prints_a_line_every_interval():
+    """The gap between two output lines stays near DPGRPO_HEARTBEAT_S (1 s here; 15 s by
+    default) through an 8 s silent step; without the heartbeat that step is one 8 s gap."""
+    _, gaps, lines = _line_gaps({"DPGRPO_HEARTBEAT_S": "1"}, sleep_s=8)
+    assert json.loads(lines[-1])["epsilon"] > 0  # the result, untouched, on stdout
+    beats = [x for x in lines if x.startswith("... still working")]
+    assert len(beats) >= 4 and set(beats) == {"... still working (last: started dpgrpo privacy "
+                                              "epsilon)"}
+    assert max(gaps) < 4, gaps  # 1 s, plus what a busy machine adds
+    first, gaps, lines = _line_gaps({"DPGRPO_HEARTBEAT_S": "0"}, sleep_s=8)  # off: silence
+    assert len(lines) == 1 and first >= 8

@@ -95,11 +95,13 @@ _register_all()
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``dpgrpo`` console script (through :func:`dpgrpo.__main__.main`,
     which also turns a Ctrl-C during the imports into one line and exit status 130)."""
-    from dpgrpo.cli._progress import interrupted_said, reset_interrupted
+    from dpgrpo.cli._progress import Heartbeat, interrupted_said, reset_interrupted
 
     reset_interrupted()
     try:
-        app(args=argv, standalone_mode=True)
+        words = [w for w in (sys.argv[1:] if argv is None else argv)[:2] if not w.startswith("-")]
+        with Heartbeat(first=" ".join(["started dpgrpo", *words])):  # never silent for long
+            app(args=argv, standalone_mode=True)
     except SystemExit as done:  # typer turns Ctrl-C in a command into a silent exit 130
         if done.code == INTERRUPTED and not interrupted_said():
             typer.secho("interrupted", err=True, fg="yellow")

@@ -10,14 +10,30 @@ evaluated, and wall-clock times only where they say nothing about the private da
 run's per-round times do (issue 32: they track the realized batch size), so
 :class:`RoundLines` prints elapsed time and ETA only when the caller allows it
 (``train.public_timings = true`` or ``--show-private-telemetry``).
+
+Between those lines a step can still take minutes (a round on a slow CPU, calibrating sigma, an
+evaluation, an audit's scoring). :class:`Heartbeat`, around every command of ``dpgrpo``, prints
+``... still working (last: <the last line>)`` on stderr whenever nothing was written on stdout or
+stderr for :data:`HEARTBEAT_S` seconds (environment ``DPGRPO_HEARTBEAT_S``; ``0`` turns it off),
+so no command is silent for longer, on a terminal or a pipe. Its lines state no time: how many
+fall between two round lines says how long the round took to within that interval, as the live
+bar's clock does on a terminal, and stay on the user's stderr (nothing is stored).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 import typer
+
+#: Seconds of silence on stdout and stderr after which :class:`Heartbeat` prints a line.
+HEARTBEAT_S = 15.0
+HEARTBEAT_ENV = "DPGRPO_HEARTBEAT_S"
+_STILL = "... still working"
 
 
 def interactive() -> bool:
@@ -125,3 +141,71 @@ class CountLines:
         if total and self.base < done < total:
             line += f", ETA {duration(elapsed / (done - self.base) * (total - done))}"
         self.write(line)
+
+
+class _Watched:
+    """A text stream that notes when it was last written to (and its last stderr line)."""
+
+    def __init__(self, stream: TextIO, beat: Heartbeat, *, keep_line: bool) -> None:
+        self._stream, self._beat, self._keep_line = stream, beat, keep_line
+
+    def write(self, text: str) -> int:
+        if text:
+            self._beat.last = time.monotonic()
+            if self._keep_line and text.strip() and not text.startswith(_STILL):
+                self._beat.line = text.strip().splitlines()[-1]
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class Heartbeat:
+    """While the block runs, print ``... still working (last: LINE)`` on stderr after every
+    ``every_s`` seconds in which nothing was written on ``sys.stdout`` or ``sys.stderr``.
+
+    A daemon thread, no lock (a fork or a held lock cannot hang a child); a live rich bar
+    writes several times a second, so on a terminal it only speaks where no bar does."""
+
+    def __init__(self, every_s: float | None = None, *, first: str = "starting") -> None:
+        if every_s is None:
+            try:
+                every_s = float(os.environ.get(HEARTBEAT_ENV, HEARTBEAT_S))
+            except ValueError:
+                every_s = HEARTBEAT_S
+        self.every_s = every_s
+        self.last = time.monotonic()
+        self.line = first  # what the lines name until the command prints one
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._saved: tuple[Any, Any] | None = None
+
+    def __enter__(self) -> Heartbeat:
+        if not self.every_s > 0:
+            return self
+        self._saved = (sys.stdout, sys.stderr)
+        sys.stdout = _Watched(sys.stdout, self, keep_line=False)  # type: ignore[assignment]
+        sys.stderr = _Watched(sys.stderr, self, keep_line=True)  # type: ignore[assignment]
+        self.last = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="dpgrpo-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        if self._saved is not None:
+            sys.stdout, sys.stderr = self._saved
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(0.05, self.last + self.every_s - time.monotonic())):
+            if time.monotonic() - self.last < self.every_s:
+                continue
+            line = self.line if len(self.line) <= 72 else self.line[:69] + "..."
+            try:
+                sys.stderr.write(f"{_STILL} (last: {line})\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):  # stderr closed (a pipe's reader gone): stay quiet
+                return
+            self.last = time.monotonic()
