@@ -1,5 +1,5 @@
-"""Every `dpgrpo ...` command line the README and docs/*.md show names a command that exists and
-only options that command has (its `--help` through typer's CliRunner, in-process, nothing
+"""Every `dpgrpo ...` command line the README and docs/*.md show (in code blocks and in the prose's
+code spans) names a command that exists and only options that command has (its `--help` through typer's CliRunner, in-process, nothing
 trained); the few that are cheap and need no GPU, hub or run directory are also run."""
 
 from __future__ import annotations
@@ -51,7 +51,24 @@ def _commands() -> list[tuple[str, int, str]]:
     return found
 
 
-COMMANDS = _commands()
+INLINE = re.compile(r"`(dpgrpo [^`]+)`")
+
+
+def _inline_commands() -> list[tuple[str, int, str]]:
+    """(doc, line, command) of each `dpgrpo ...` code span in the prose."""
+    found = []
+    for doc in DOCS:
+        fence = False
+        for number, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+            if FENCE.match(line.strip()):
+                fence = not fence
+            elif not fence:
+                found += [(doc.relative_to(ROOT).as_posix(), number, m.group(1))
+                          for m in INLINE.finditer(line)]
+    return found
+
+
+COMMANDS = _commands() + _inline_commands()
 
 
 def _app() -> typer.Typer:
