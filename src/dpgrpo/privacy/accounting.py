@@ -1,23 +1,32 @@
-"""Privacy accounting for DP-GRPO: PLD epsilon, RDP cross-check, sigma calibration, ledger.
+"""Privacy accounting for DP-GRPO: one entry point, :func:`epsilon` (issue 59).
 
 Every round of Algorithm 1 is one Poisson-subsampled Gaussian mechanism with sampling rate
 ``q = m / n`` and noise multiplier ``sigma`` (paper, Section III-C, Eq. (5)); T rounds compose to
 the privacy profile ``delta_{q,sigma,T}(eps)`` of Eq. (6), which does not involve the group size G,
 the clipping norm C, the loss or the verifier (Theorem 1).
 
-* :func:`pld_epsilon` evaluates that profile with the privacy-loss-distribution accountant of
-  Google's ``dp_accounting`` (add-or-remove neighbours, pessimistic connect-the-dots
-  discretization), so every reported epsilon upper-bounds the ideal mechanism's (Section VI-C).
-* :func:`rdp_epsilon` reports the Renyi-DP value beside it as a cross-check (Appendix A-F).
-* :func:`dpgrpo.privacy.calibration.calibrate` (its own module, which builds on this one)
-  finds the smallest sigma whose PLD epsilon meets a target; it never overshoots.
-* :class:`PrivacyLedger` is the record of every round that touched data; epsilon is recomputed
-  from it, never stored as the only truth.
-* :func:`replace_one_epsilon` and :func:`group_epsilon` account the same ledger directly under
-  replace-one neighbours and for a group of k prompts (one person's problems), at the same delta
-  (:mod:`dpgrpo.privacy.group`); :mod:`dpgrpo.privacy.neighbours` labels them for the certificate.
-* :func:`replace_one` and :func:`group_privacy` are the generic conversions of an (eps, delta)
-  pair (Corollary 1, Proposition 1), for when only that pair is known.
+The accountant's surface is an event in, a number out, as dp_accounting's is (compose,
+get_epsilon): the events are :class:`RoundEvent` (q, sigma, count), kept in a
+:class:`PrivacyLedger`, and
+
+* :func:`epsilon` ``(events, delta, relation=..., group=k)`` is their epsilon at ``delta``: the
+  privacy-loss-distribution accountant of Google's ``dp_accounting`` (pessimistic
+  connect-the-dots discretization, so every epsilon upper-bounds the ideal mechanism's,
+  Section VI-C). The neighbouring relation is a parameter of the one function: one prompt added
+  or removed (the certificate's epsilon), one swapped (``relation = REPLACE``: dp_accounting's
+  REPLACE_ONE event, tighter than Corollary 1), or a group of k prompts of one person (``group =
+  k``: each round the mixture of Gaussians with sensitivities 0..k weighted Binomial(k, q),
+  :mod:`dpgrpo.privacy.group`, tighter than Proposition 1; k swapped: Corollary 1 on that curve);
+* :func:`dpgrpo.privacy.calibration.sigma` is its inverse (a target epsilon in, sigma out;
+  :func:`~dpgrpo.privacy.calibration.calibrate` returns the calibration's evidence too);
+* :func:`epsilon_report` is epsilon of (n, m, T, sigma) with the Renyi-DP value beside it as a
+  cross-check (Appendix A-F).
+
+The older names (``compute_epsilon``, ``pld_epsilon``, ``rdp_epsilon``,
+``replace_one_epsilon``, ``group_epsilon``, ``replace_one``, ``group_privacy``) still work and
+warn (DeprecationWarning); CHANGELOG.md lists each with its replacement. The generic
+conversions of a bare (epsilon, delta) pair (Corollary 1, Proposition 1) are
+:func:`dpgrpo.privacy.neighbours.converted_figure`.
 """
 
 from __future__ import annotations
@@ -26,11 +35,13 @@ import functools
 import json
 import logging
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import dp_accounting as dpa
+import numpy as np
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -83,7 +94,8 @@ class RoundEvent:
         return one if self.count == 1 else dpa.SelfComposedDpEvent(one, int(self.count))
 
 
-def _check_delta(delta: float) -> None:
+def check_delta(delta: float) -> None:
+    """PrivacyBudgetError unless 0 < delta < 1."""
     if not 0.0 < delta < 1.0:
         raise PrivacyBudgetError(f"delta must lie in (0, 1), got {delta}")
 
@@ -98,13 +110,13 @@ def sampling_rate(n: int, expected_batch: float) -> float:
     return expected_batch / n
 
 
-def pld_epsilon(events: Sequence[RoundEvent], delta: float, *,
-                value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
+def _pld_epsilon(events: Sequence[RoundEvent], delta: float, *,
+                 value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
     """PLD epsilon at ``delta`` of the composition of ``events`` (add-or-remove neighbours).
 
     Returns ``inf`` if any sampled round has no noise (a non-private round), 0 for no events.
     """
-    _check_delta(delta)
+    check_delta(delta)
     if any(not e.is_private for e in events):
         return math.inf
     events = [e for e in events if e.sampling_rate > 0.0]
@@ -118,10 +130,10 @@ def pld_epsilon(events: Sequence[RoundEvent], delta: float, *,
     return float(accountant.get_epsilon(delta))
 
 
-def rdp_epsilon(events: Sequence[RoundEvent], delta: float,
-                orders: Sequence[float] | None = None) -> tuple[float, float]:
+def _rdp_epsilon(events: Sequence[RoundEvent], delta: float,
+                 orders: Sequence[float] | None = None) -> tuple[float, float]:
     """RDP epsilon at ``delta`` and its minimizing order, over dp_accounting's default grid."""
-    _check_delta(delta)
+    check_delta(delta)
     if any(not e.is_private for e in events):
         return math.inf, math.nan
     events = [e for e in events if e.sampling_rate > 0.0]
@@ -159,20 +171,21 @@ class EpsilonReport:
         return asdict(self)
 
 
-def compute_epsilon(n: int, expected_batch: float, rounds: int, sigma: float,
-                    delta: float | None = None) -> EpsilonReport:
-    """Epsilon of T rounds (``rounds``) with q = m / n and noise multiplier ``sigma``."""
+def epsilon_report(n: int, expected_batch: float, rounds: int, sigma: float,
+                   delta: float | None = None) -> EpsilonReport:
+    """Epsilon of T rounds (``rounds``) with q = m / n and noise multiplier ``sigma``, with the
+    RDP cross-check beside it (``delta`` default: 1 / (10 n))."""
     q = sampling_rate(n, expected_batch)
     delta = default_delta(n) if delta is None else delta
-    _check_delta(delta)
+    check_delta(delta)
     if rounds < 1:
         raise PrivacyBudgetError(f"rounds must be >= 1, got {rounds}")
     if not sigma > 0:
         raise PrivacyBudgetError(f"a private run needs sigma > 0, got {sigma}")
     check_accountable_sigma(sigma)
     events = [RoundEvent(q, sigma, rounds)]
-    r_eps, r_order = rdp_epsilon(events, delta)
-    return EpsilonReport(pld_epsilon(events, delta), delta, r_eps, r_order, q, sigma, rounds, n,
+    r_eps, r_order = _rdp_epsilon(events, delta)
+    return EpsilonReport(_pld_epsilon(events, delta), delta, r_eps, r_order, q, sigma, rounds, n,
                          expected_batch)
 
 
@@ -203,10 +216,12 @@ class PrivacyLedger:
         return sum(e.count for e in self.events)
 
     def epsilon(self, delta: float) -> float:
-        return pld_epsilon(self.events, delta)
+        """``epsilon(self.events, delta)``: the certificate's epsilon of the ledger."""
+        return _pld_epsilon(self.events, delta)
 
     def rdp_epsilon(self, delta: float) -> tuple[float, float]:
-        return rdp_epsilon(self.events, delta)
+        """The RDP cross-check at ``delta`` and its minimizing order."""
+        return _rdp_epsilon(self.events, delta)
 
     def to_dict(self) -> dict:
         return {"neighbouring_relation": NEIGHBOURING_RELATION,
@@ -260,47 +275,172 @@ def _accountant_epsilon(rounds: tuple[tuple[float, float, int], ...], delta: flo
     return float(composed_pld(rounds, k, relation, vdi).get_epsilon_for_delta(delta))
 
 
-def replace_one_epsilon(events: Sequence[RoundEvent], delta: float, *,
-                        value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
-    """PLD epsilon at ``delta`` under replace-one neighbours (one prompt swapped for another):
-    dp_accounting's REPLACE_ONE Poisson-subsampled Gaussian, tighter than Corollary 1."""
-    _check_delta(delta)
+def _replace_group_epsilon(events: Sequence[RoundEvent], delta: float, k: int,
+                           vdi: float) -> float:
+    """Corollary 1 on the accountant's group-k curve delta_k (k swapped = k removed, then k
+    added): (e1 + e2, delta_k(e1) + e^e1 delta_k(e2)), the smallest e1 + e2 on a 0.01 grid that
+    meets ``delta`` (the paper's e1 = e2 rarely does: its e^e term outgrows delta_k's tail)."""
     rounds = private_rounds(events)
     if rounds is None:
         return math.inf
-    return _accountant_epsilon(rounds, delta, 1, REPLACE, value_discretization_interval)
+    if not rounds:
+        return 0.0
+    grid = np.arange(0.0, 200.0, 0.01)
+    deltas = np.asarray(composed_pld(rounds, k, ADD_OR_REMOVE, vdi).get_delta_for_epsilon(grid))
+    tail = np.maximum.accumulate(deltas[::-1])[::-1]  # max over e >= grid[j]: non-increasing
+    first = np.flatnonzero(deltas < delta)
+    budget = (delta - deltas[first]) * np.exp(-grid[first])  # what e^e1 delta_k(e2) may use
+    second = np.searchsorted(-tail, -budget, side="left")  # first j with tail[j] <= budget
+    ok = second < len(grid)
+    if not ok.any():
+        return math.inf
+    return float(np.min(grid[first[ok]] + grid[second[ok]]))
 
 
-def group_epsilon(events: Sequence[RoundEvent], delta: float, k: int, *,
-                  value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
-    """PLD epsilon at ``delta`` for k prompts added or removed together (one person's problems).
+#: the neighbouring relations :func:`epsilon` accounts
+RELATIONS = (ADD_OR_REMOVE, REPLACE)
 
-    Each round is the mixture of Gaussians with sensitivities 0..k weighted Binomial(k, q)
-    (:mod:`dpgrpo.privacy.group`), composed over the ledger; k = 1 is :func:`pld_epsilon`.
-    Tighter than Proposition 1. Any number of records per group (the contributor level).
+
+def check_relation(relation: str, group: int) -> None:
+    """PrivacyBudgetError unless ``relation`` is one of :data:`RELATIONS` and ``group`` a
+    positive integer."""
+    if relation not in RELATIONS:
+        raise PrivacyBudgetError(f"relation must be one of {', '.join(RELATIONS)}, got {relation!r}")
+    if isinstance(group, bool) or int(group) != group or group < 1:
+        raise PrivacyBudgetError(f"group size must be a positive integer, got {group}")
+
+
+def epsilon(events: Sequence[RoundEvent] | PrivacyLedger, delta: float, *,
+            relation: str = ADD_OR_REMOVE, group: int = 1,
+            value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
+    """The accountant: epsilon at ``delta`` of the rounds ``events`` (or a ledger's), for
+    ``relation`` applied to ``group`` prompts at once.
+
+    * one prompt added or removed (the default; Definition 3, the certificate's epsilon):
+      dp_accounting's PLD of the Poisson-subsampled Gaussian composed over the events;
+    * ``group = k``: k prompts added or removed together (one person's problems; any number of
+      records per group at the contributor level): each round the mixture of Gaussians with
+      sensitivities 0..k weighted Binomial(k, q) (:mod:`dpgrpo.privacy.group`), tighter than
+      Proposition 1;
+    * ``relation = REPLACE``: one prompt swapped for another, dp_accounting's REPLACE_ONE event
+      (tighter than Corollary 1); with ``group = k`` > 1, Corollary 1 on the group-k curve (k
+      swapped = k removed, then k added), the smallest split on a 0.01 grid.
+
+    ``inf`` if a sampled round had no noise, 0 for no rounds.
     """
-    _check_delta(delta)
-    if int(k) != k or k < 1:
-        raise PrivacyBudgetError(f"group size k must be a positive integer, got {k}")
-    rounds = private_rounds(events)
-    if rounds is None:
+    rounds = events.events if isinstance(events, PrivacyLedger) else events
+    check_delta(delta)
+    check_relation(relation, group)
+    k, vdi = int(group), value_discretization_interval
+    if relation == ADD_OR_REMOVE and k == 1:
+        return _pld_epsilon(rounds, delta, value_discretization_interval=vdi)
+    if relation == REPLACE and k > 1:
+        return _replace_group_epsilon(rounds, delta, k, vdi)
+    private = private_rounds(rounds)
+    if private is None:
         return math.inf
-    return _accountant_epsilon(rounds, delta, int(k), ADD_OR_REMOVE, value_discretization_interval)
+    return _accountant_epsilon(private, delta, k, relation, vdi)
 
 
-def replace_one(epsilon: float, delta: float) -> tuple[float, float]:
+def _replace_one(epsilon: float, delta: float) -> tuple[float, float]:
     """Replace-one neighbours from add/remove: (2 eps, (1 + e^eps) delta) (Corollary 1)."""
     return 2.0 * epsilon, (1.0 + math.exp(epsilon)) * delta
 
 
-def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
+def _group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
     """A contributor of k prompts: (k eps, k e^((k-1) eps) delta) (Proposition 1)."""
     if k < 1:
         raise PrivacyBudgetError(f"group size k must be >= 1, got {k}")
     return k * epsilon, k * math.exp((k - 1) * epsilon) * delta
 
 
-__all__ = ["ACCOUNTANT", "EpsilonReport", "NEIGHBOURING_RELATION", "PrivacyLedger",
-           "RoundEvent", "accountant_version", "compute_epsilon",
-           "default_delta", "group_epsilon", "group_privacy", "pld_epsilon", "private_rounds",
-           "rdp_epsilon", "replace_one", "replace_one_epsilon", "sampling_rate"]
+def generic_conversion(epsilon: float, delta: float, *, relation: str = ADD_OR_REMOVE,
+                       group: int = 1) -> tuple[float, float]:
+    """An add-or-remove-one (epsilon, delta) pair, with no ledger, converted to ``relation`` on
+    ``group`` prompts: Proposition 1 for the group (k eps, k e^((k-1) eps) delta), then Corollary
+    1 for a swap (2 eps, (1 + e^eps) delta). Loose: delta may exceed 1. The same relations as
+    :func:`epsilon`, for when only the pair is known."""
+    check_relation(relation, group)
+    eps, dlt = _group_privacy(epsilon, delta, int(group))
+    return _replace_one(eps, dlt) if relation == REPLACE else (eps, dlt)
+
+
+# --------------------------------------------------------------------------------------------
+# The names before issue 59, kept with a DeprecationWarning (CHANGELOG.md lists them)
+# --------------------------------------------------------------------------------------------
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"dpgrpo.privacy.accounting.{old} is deprecated; use {new}",
+                  DeprecationWarning, stacklevel=3)
+
+
+def compute_epsilon(n: int, expected_batch: float, rounds: int, sigma: float,
+                    delta: float | None = None) -> EpsilonReport:
+    """Deprecated: :func:`epsilon_report`."""
+    _deprecated("compute_epsilon", "epsilon_report")
+    return epsilon_report(n, expected_batch, rounds, sigma, delta)
+
+
+def pld_epsilon(events: Sequence[RoundEvent], delta: float, *,
+                value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
+    """Deprecated: :func:`epsilon` ``(events, delta)``."""
+    _deprecated("pld_epsilon", "epsilon(events, delta)")
+    return _pld_epsilon(events, delta, value_discretization_interval=value_discretization_interval)
+
+
+def rdp_epsilon(events: Sequence[RoundEvent], delta: float,
+                orders: Sequence[float] | None = None) -> tuple[float, float]:
+    """Deprecated: ``PrivacyLedger(events).rdp_epsilon(delta)`` or :func:`epsilon_report`."""
+    _deprecated("rdp_epsilon", "PrivacyLedger(events).rdp_epsilon(delta) or epsilon_report")
+    return _rdp_epsilon(events, delta, orders)
+
+
+def replace_one_epsilon(events: Sequence[RoundEvent], delta: float, *,
+                        value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
+    """Deprecated: :func:`epsilon` ``(events, delta, relation=REPLACE)``."""
+    _deprecated("replace_one_epsilon", "epsilon(events, delta, relation=REPLACE)")
+    return epsilon(events, delta, relation=REPLACE,
+                   value_discretization_interval=value_discretization_interval)
+
+
+def group_epsilon(events: Sequence[RoundEvent], delta: float, k: int, *,
+                  value_discretization_interval: float = DEFAULT_DISCRETIZATION) -> float:
+    """Deprecated: :func:`epsilon` ``(events, delta, group=k)`` (which is the headline PLD for
+    k = 1; this name kept the k = 1 mixture, equal to 1e-9)."""
+    _deprecated("group_epsilon", "epsilon(events, delta, group=k)")
+    check_delta(delta)
+    if int(k) != k or k < 1:
+        raise PrivacyBudgetError(f"group size k must be a positive integer, got {k}")
+    rounds = private_rounds(events)
+    if rounds is None:
+        return math.inf
+    return _accountant_epsilon(rounds, delta, int(k), ADD_OR_REMOVE,
+                               value_discretization_interval)
+
+
+def replace_one(epsilon: float, delta: float) -> tuple[float, float]:
+    """Deprecated: :func:`generic_conversion` ``(epsilon, delta, relation=REPLACE)``."""
+    _deprecated("replace_one", "generic_conversion(epsilon, delta, relation=REPLACE)")
+    return _replace_one(epsilon, delta)
+
+
+def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """Deprecated: :func:`generic_conversion` ``(epsilon, delta, group=k)``."""
+    _deprecated("group_privacy", "generic_conversion(epsilon, delta, group=k)")
+    return _group_privacy(epsilon, delta, k)
+
+
+#: deprecated name -> what replaces it (CHANGELOG.md, tests/privacy/test_accountant.py)
+DEPRECATED = {"compute_epsilon": "epsilon_report", "pld_epsilon": "epsilon",
+              "rdp_epsilon": "PrivacyLedger.rdp_epsilon / epsilon_report",
+              "replace_one_epsilon": "epsilon(relation=REPLACE)",
+              "group_epsilon": "epsilon(group=k)", "replace_one": "generic_conversion",
+              "group_privacy": "generic_conversion"}
+
+
+__all__ = ["ACCOUNTANT", "ADD_OR_REMOVE", "DEPRECATED", "NEIGHBOURING_RELATION", "RELATIONS",
+           "REPLACE", "EpsilonReport",
+           "PrivacyLedger", "RoundEvent", "accountant_version", "check_delta", "check_relation",
+           "compute_epsilon", "default_delta", "epsilon", "epsilon_report", "generic_conversion",
+           "group_epsilon", "group_privacy", "pld_epsilon", "private_rounds", "rdp_epsilon",
+           "replace_one", "replace_one_epsilon", "sampling_rate"]

@@ -14,6 +14,7 @@ import math
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -22,12 +23,14 @@ from scipy import optimize
 from dpgrpo.errors import PrivacyBudgetError
 from dpgrpo.privacy.accounting import (
     DEFAULT_DISCRETIZATION,
+    PrivacyLedger,
     RoundEvent,
-    _check_delta,
+    check_delta,
     default_delta,
-    pld_epsilon,
-    rdp_epsilon,
     sampling_rate,
+)
+from dpgrpo.privacy.accounting import (
+    epsilon as accounted_epsilon,
 )
 from dpgrpo.privacy.limits import min_sigma
 
@@ -61,7 +64,8 @@ class Calibration:
 
 
 def _eps_single(q: float, sigma: float, rounds: int, delta: float, vdi: float) -> float:
-    return pld_epsilon([RoundEvent(q, sigma, rounds)], delta, value_discretization_interval=vdi)
+    return accounted_epsilon([RoundEvent(q, sigma, rounds)], delta,
+                             value_discretization_interval=vdi)
 
 
 @dataclass
@@ -259,7 +263,7 @@ def calibrate(n: int, expected_batch: float, rounds: int, epsilon: float,
     """
     q = sampling_rate(n, expected_batch)
     delta = default_delta(n) if delta is None else delta
-    _check_delta(delta)
+    check_delta(delta)
     if not epsilon > 0 or not math.isfinite(epsilon):
         raise PrivacyBudgetError(f"target epsilon must be finite and > 0, got {epsilon}")
     if rounds < 1:
@@ -275,7 +279,7 @@ def calibrate(n: int, expected_batch: float, rounds: int, epsilon: float,
     finally:
         if pool is not None:
             pool.close()
-    r_eps, r_order = rdp_epsilon([RoundEvent(q, sigma_hi, rounds)], delta)
+    r_eps, r_order = PrivacyLedger([RoundEvent(q, sigma_hi, rounds)]).rdp_epsilon(delta)
     return Calibration(sigma_hi, s.exact[sigma_hi], epsilon, delta, q, rounds, n, expected_batch,
                        sigma_lo, s.exact[sigma_lo], r_eps, r_order, len(s.exact), s.coarse)
 
@@ -328,7 +332,7 @@ def planning_sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
     a fraction of its cost. A run always calibrates exactly."""
     q = sampling_rate(n, expected_batch)
     delta = default_delta(n) if delta is None else delta
-    _check_delta(delta)
+    check_delta(delta)
     if not epsilon > 0 or not math.isfinite(epsilon) or rounds < 1:
         raise PrivacyBudgetError(f"need a finite epsilon > 0 and rounds >= 1, got {epsilon}, {rounds}")
     s = _Search(q, rounds, delta, epsilon)
@@ -342,10 +346,24 @@ def planning_sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
     return float(optimize.brentq(lambda x: s.gap(x, 1e-2), lo, hi, rtol=1e-6))
 
 
-def calibrate_sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
-                    delta: float | None = None) -> float:
-    """The smallest sigma (relative precision 5e-7) with PLD epsilon <= target; see :func:`calibrate`."""
+def sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
+          delta: float | None = None, *, quick: bool = False) -> float:
+    """The accountant's inverse: the smallest noise multiplier whose epsilon over T rounds at
+    q = m / n and ``delta`` (default 1 / (10 n)) is at most ``epsilon`` (:func:`calibrate`,
+    relative precision 5e-7, never above the target; its evidence is :class:`Calibration`).
+    ``quick``: :func:`planning_sigma`, a little above it at a fraction of the cost, for
+    planning only (``dpgrpo privacy plan``); a run always calibrates exactly."""
+    if quick:
+        return planning_sigma(n, expected_batch, rounds, epsilon, delta)
     return calibrate(n, expected_batch, rounds, epsilon, delta).sigma
 
 
-__all__ = ["Calibration", "calibrate", "calibrate_sigma", "planning_sigma"]
+def calibrate_sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
+                    delta: float | None = None) -> float:
+    """Deprecated: :func:`sigma`."""
+    warnings.warn("dpgrpo.privacy.calibration.calibrate_sigma is deprecated; use sigma",
+                  DeprecationWarning, stacklevel=2)
+    return sigma(n, expected_batch, rounds, epsilon, delta)
+
+
+__all__ = ["Calibration", "calibrate", "calibrate_sigma", "planning_sigma", "sigma"]

@@ -12,7 +12,7 @@ every relation's delta (issue 32, defect 6). Under contributor-level DP (``data.
 group figures then count contributors, and the certificate's ``unit`` says which applies.
 
 * ``pld-accountant``: the ledger accounted directly under that relation
-  (:func:`dpgrpo.privacy.accounting.replace_one_epsilon`, :func:`~.group_epsilon`);
+  (:func:`dpgrpo.privacy.accounting.epsilon` with ``relation`` and ``group``);
 * ``generic-conversion``: Corollary 1 (replace-one) or Proposition 1 (groups) applied where the
   accountant cannot: k > 1 prompts swapped (Corollary 1 on the accountant's group-k curve, at
   the same delta), or an (epsilon, delta) pair with no ledger (:func:`converted_figure`, the
@@ -25,23 +25,19 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from dpgrpo.errors import PrivacyBudgetError
 from dpgrpo.privacy.accounting import (
     DEFAULT_DISCRETIZATION,
+    RELATIONS,
     RoundEvent,
-    group_epsilon,
-    group_privacy,
-    private_rounds,
-    replace_one,
-    replace_one_epsilon,
+    check_relation,
+    epsilon,
+    generic_conversion,
 )
-from dpgrpo.privacy.group import ADD_OR_REMOVE, REPLACE, composed_pld
+from dpgrpo.privacy.group import ADD_OR_REMOVE, REPLACE
 
 METHOD_ACCOUNTANT = "pld-accountant"
 METHOD_GENERIC = "generic-conversion"
-RELATIONS = (ADD_OR_REMOVE, REPLACE)
 
 
 @dataclass(frozen=True)
@@ -73,54 +69,22 @@ class NeighbourFigure:
         return {**asdict(self), "meaningful": self.meaningful}
 
 
-def _check(relation: str, group: int) -> None:
-    if relation not in RELATIONS:
-        raise PrivacyBudgetError(f"relation must be one of {', '.join(RELATIONS)}, got {relation!r}")
-    if isinstance(group, bool) or int(group) != group or group < 1:
-        raise PrivacyBudgetError(f"group size must be a positive integer, got {group}")
-
-
-def _replace_group_epsilon(events: Sequence[RoundEvent], delta: float, k: int,
-                           vdi: float) -> float:
-    """Corollary 1 on the accountant's group-k curve delta_k (k swapped = k removed, then k
-    added): (e1 + e2, delta_k(e1) + e^e1 delta_k(e2)), the smallest e1 + e2 on a 0.01 grid that
-    meets ``delta`` (the paper's e1 = e2 rarely does: its e^e term outgrows delta_k's tail)."""
-    rounds = private_rounds(events)
-    if rounds is None:
-        return math.inf
-    if not rounds:
-        return 0.0
-    grid = np.arange(0.0, 200.0, 0.01)
-    deltas = np.asarray(composed_pld(rounds, k, ADD_OR_REMOVE, vdi).get_delta_for_epsilon(grid))
-    tail = np.maximum.accumulate(deltas[::-1])[::-1]  # max over e >= grid[j]: non-increasing
-    first = np.flatnonzero(deltas < delta)
-    budget = (delta - deltas[first]) * np.exp(-grid[first])  # what e^e1 delta_k(e2) may use
-    second = np.searchsorted(-tail, -budget, side="left")  # first j with tail[j] <= budget
-    ok = second < len(grid)
-    if not ok.any():
-        return math.inf
-    return float(np.min(grid[first[ok]] + grid[second[ok]]))
-
-
 def neighbour_figure(events: Sequence[RoundEvent], delta: float, relation: str = ADD_OR_REMOVE,
                      group: int = 1, *, value_discretization_interval: float =
                      DEFAULT_DISCRETIZATION) -> NeighbourFigure:
     """The ledger's guarantee at ``delta`` for ``relation`` applied to ``group`` prompts: from the
     accountant wherever dp_accounting can account it, else Corollary 1 on its group curve."""
-    _check(relation, group)
-    vdi, k = value_discretization_interval, int(group)
+    check_relation(relation, group)
+    k = int(group)
+    eps = epsilon(events, delta, relation=relation, group=k,
+                  value_discretization_interval=value_discretization_interval)
     if relation == ADD_OR_REMOVE:
-        eps = group_epsilon(events, delta, k, value_discretization_interval=vdi)
         basis = "mixture-of-Gaussians PLD (Binomial(k, q))" if k > 1 else "subsampled-Gaussian PLD"
         return NeighbourFigure(eps, delta, relation, k, METHOD_ACCOUNTANT, basis)
     if k == 1:
-        eps = replace_one_epsilon(events, delta, value_discretization_interval=vdi)
         return NeighbourFigure(eps, delta, relation, 1, METHOD_ACCOUNTANT,
                                "subsampled-Gaussian PLD, REPLACE_ONE")
-    if not 0.0 < delta < 1.0:
-        raise PrivacyBudgetError(f"delta must lie in (0, 1), got {delta}")
-    return NeighbourFigure(_replace_group_epsilon(events, delta, k, vdi), delta, relation, k,
-                           METHOD_GENERIC,
+    return NeighbourFigure(eps, delta, relation, k, METHOD_GENERIC,
                            f"Corollary 1 (remove {k}, add {k}) on the accountant's group-{k} curve")
 
 
@@ -128,16 +92,14 @@ def converted_figure(epsilon: float, delta: float, relation: str = ADD_OR_REMOVE
                      group: int = 1) -> NeighbourFigure:
     """Generic conversion of an add-or-remove-one (epsilon, delta) pair when no ledger is known:
     Proposition 1 for the group, then Corollary 1 for a swap. Loose: delta may exceed 1."""
-    _check(relation, group)
+    check_relation(relation, group)
     if not (epsilon >= 0.0 and math.isfinite(epsilon)):
         raise PrivacyBudgetError(f"epsilon must be finite and >= 0, got {epsilon}")
     if not 0.0 < delta < 1.0:
         raise PrivacyBudgetError(f"delta must lie in (0, 1), got {delta}")
-    eps, dlt = group_privacy(epsilon, delta, int(group))
-    applied = ["Proposition 1"] if group > 1 else []
-    if relation == REPLACE:
-        eps, dlt = replace_one(eps, dlt)
-        applied.append("Corollary 1")
+    eps, dlt = generic_conversion(epsilon, delta, relation=relation, group=int(group))
+    applied = [*(["Proposition 1"] if group > 1 else []),
+               *(["Corollary 1"] if relation == REPLACE else [])]
     basis = " then ".join(applied or ["none"]) + f" on ({epsilon:g}, {delta:g})"
     return NeighbourFigure(eps, dlt, relation, int(group), METHOD_GENERIC, basis)
 

@@ -90,7 +90,7 @@ def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = N
     ``n`` skips counting the slots when the caller already knows it. ``cache`` shares
     calibrations between configurations with the same (n, m, T, epsilon, delta).
     """
-    from dpgrpo.privacy.accounting import compute_epsilon
+    from dpgrpo.privacy.accounting import epsilon_report
     from dpgrpo.privacy.budget import public_constants
 
     if not config.private:
@@ -103,7 +103,7 @@ def resolve_budget(config: RunConfig, name: str = "config", *, n: int | None = N
         sigma, delta, rounds = public.sigma, public.delta, public.rounds
         key = ("epsilon", n, public.expected_batch, rounds, sigma, delta)
         if key not in cache:
-            cache[key] = compute_epsilon(n, public.expected_batch, rounds, sigma, delta)
+            cache[key] = epsilon_report(n, public.expected_batch, rounds, sigma, delta)
         report = cache[key]
     except (ConfigError, PrivacyBudgetError) as err:
         raise ConfigError(f"{name}: {err}") from None

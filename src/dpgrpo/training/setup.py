@@ -192,11 +192,11 @@ def _epsilon_ceiling(q: float, sigma: float, rounds: int, delta: float) -> float
     """An upper bound on the run's epsilon, to gate the noise-tail term before any round: the
     PLD accountant on a coarse pessimistic grid (1e-2, an upper bound, fast), and the closed
     form of T unsampled Gaussian rounds (zCDP, rho = T / (2 sigma^2)) if that is smaller."""
-    from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
+    from dpgrpo.privacy.accounting import RoundEvent, epsilon
 
     rho = rounds / (2.0 * sigma ** 2)
     closed = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
-    coarse = pld_epsilon([RoundEvent(q, sigma, rounds)], delta, value_discretization_interval=1e-2)
+    coarse = epsilon([RoundEvent(q, sigma, rounds)], delta, value_discretization_interval=1e-2)
     return min(closed, coarse)
 
 

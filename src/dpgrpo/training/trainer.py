@@ -35,7 +35,7 @@ import torch
 from dpgrpo.config import RunConfig, to_toml
 from dpgrpo.config.values import check_weights
 from dpgrpo.errors import ConfigError, UserCodeError
-from dpgrpo.privacy.accounting import pld_epsilon
+from dpgrpo.privacy.accounting import epsilon
 from dpgrpo.privacy.contributors import round_prompts, sum_within_records
 from dpgrpo.privacy.journal import PrivacyJournal
 from dpgrpo.privacy.mechanism import PrivatizedUpdate, privatize
@@ -346,7 +346,7 @@ def _epsilon_so_far(journal: PrivacyJournal, private: bool, delta: float) -> flo
     ledger = journal.ledger()
     if not private:
         return math.inf
-    return pld_epsilon(ledger.events, delta, value_discretization_interval=1e-2)
+    return epsilon(ledger, delta, value_discretization_interval=1e-2)
 
 
 def _checkpoint(run: RunState, journal: PrivacyJournal, round_done: int) -> None:
