@@ -161,7 +161,7 @@ def previous_hooks() -> Iterator[None]:
     input in fp32 (upcast, mask, scale: three full-width passes instead of two)."""
     import dpgrpo.training.lora_hooks as lora_hooks
 
-    hooks, dropout_init = lora_hooks._LoraHooks._hook_a, lora_hooks._RecordingDropout.__init__
+    hooks, dropout_init = lora_hooks.LoraHooks._hook_a, lora_hooks._RecordingDropout.__init__
 
     def hook_a(self: Any, names: dict, slot: dict, scale: float) -> Callable[..., None]:
         def hook(module: Any, args: Any, output: torch.Tensor) -> None:
@@ -183,11 +183,11 @@ def previous_hooks() -> Iterator[None]:
     def init(self: Any, p: float, record: Callable, scaled: bool = True) -> None:
         dropout_init(self, p, record, True)
 
-    lora_hooks._LoraHooks._hook_a, lora_hooks._RecordingDropout.__init__ = hook_a, init
+    lora_hooks.LoraHooks._hook_a, lora_hooks._RecordingDropout.__init__ = hook_a, init
     try:
         yield
     finally:
-        lora_hooks._LoraHooks._hook_a, lora_hooks._RecordingDropout.__init__ = hooks, dropout_init
+        lora_hooks.LoraHooks._hook_a, lora_hooks._RecordingDropout.__init__ = hooks, dropout_init
 
 
 def hooks_ab(model: Any, batch: Any, prompts: int, rows: int, device: str,

@@ -196,12 +196,12 @@ def test_an_epsilon_the_gate_refuses_is_reported_not_fatal(monkeypatch, tmp_path
     def refuse(config, run_dir):
         raise PrivacyError("the noise generator's truncated tails add 1e+23 to delta")
 
-    monkeypatch.setattr(study, "_train_once", refuse)
+    monkeypatch.setattr(study, "train_once", refuse)
     runs = [SimpleNamespace(arm="dp-grpo", config=RunConfig()),
             SimpleNamespace(arm="zero-advantage", config=RunConfig())]
     plan = SimpleNamespace(runs=runs, out_dir=tmp_path)
     steps = study.Steps(lambda message: None, tmp_path / "steps.json")
-    row = study._sweep(plan, 128.0, steps)
+    row = study.sweep_point(plan, 128.0, steps)
     assert row == {"epsilon": 128.0,
                    "refused": "the noise generator's truncated tails add 1e+23 to delta"}
     assert steps.rows == [] and not (tmp_path / "sweep" / "dp-grpo-eps128").exists()
@@ -215,16 +215,16 @@ def test_a_study_folder_holding_another_run_is_refused(tiny_model_dir: Path, tmp
     from dpgrpo.config import apply_overrides, config_from_dict, read_toml
     from dpgrpo.errors import ConfigError
     from dpgrpo.experiments.study import private_twin
-    from dpgrpo.experiments.study_steps import _train_once
+    from dpgrpo.experiments.study_steps import train_once
 
     config = tmp_path / "study.toml"
     config.write_text(STUDY_TOML.format(model=tiny_model_dir))
     data = read_toml(config)
     data.pop("study"), data.pop("protocol")
     cfg = apply_overrides(config_from_dict(data), ["train.rounds=1", "data.limit=6"])
-    _train_once(cfg, tmp_path / "run")
+    train_once(cfg, tmp_path / "run")
     with pytest.raises(ConfigError, match="trained with another config"):
-        _train_once(apply_overrides(cfg, ["train.rounds=2"]), tmp_path / "run")
+        train_once(apply_overrides(cfg, ["train.rounds=2"]), tmp_path / "run")
     with pytest.raises(ConfigError, match="no private twin"):
         private_twin(apply_overrides(cfg, ["train.arm=dp-grpo"]))
 
@@ -364,15 +364,16 @@ def test_the_stopping_rule_key_and_old_records_of_the_permutation_test() -> None
     draws, no stop_after) still give the page's sentence, as the fixed tests they were."""
     import pytest
 
+    from dpgrpo.config.loading import load_study_table
     from dpgrpo.errors import ConfigError
     from dpgrpo.experiments.study_steps import StudySettings
     from dpgrpo.experiments.study_summary import _permuted
     from dpgrpo.reports.study import _perm
 
     assert StudySettings().audit_stop_after == 10
-    assert StudySettings.from_table({"audit_stop_after": 0}).audit_stop_after == 0
+    assert load_study_table({"audit_stop_after": 0}).audit_stop_after == 0
     with pytest.raises(ConfigError, match="study.audit_stop_after"):
-        StudySettings.from_table({"audit_stop_after": -1})
+        load_study_table({"audit_stop_after": -1})
     old = {"permutation": {"permutations": 50, "p_value": 0.02, "null_band": [0.3, 0.6]}}
     keys = _permuted("audit_leaky_auc", old)
     assert (keys["audit_leaky_auc_draws"], keys["audit_leaky_auc_stop_after"]) == (50, None)

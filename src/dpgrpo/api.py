@@ -51,6 +51,7 @@ from dpgrpo.config import (
     embedded_default,
     load_config,
 )
+from dpgrpo.config.loading import override_strings
 from dpgrpo.config.schema import Dtype
 from dpgrpo.errors import ConfigError
 
@@ -66,19 +67,6 @@ def _config(config: RunConfig | str | Path | Mapping[str, Any] | None) -> RunCon
     if isinstance(config, Mapping):
         return config_from_dict(dict(config), source="dict")
     return load_config(config)
-
-
-def _override_strings(overrides: Overrides) -> list[str]:
-    if overrides is None:
-        return []
-    if isinstance(overrides, Mapping):
-        def text(value: Any) -> str:
-            if isinstance(value, (list, tuple)):
-                return ",".join(str(v) for v in value)
-            return "none" if value is None else str(value)
-
-        return [f"{key}={text(value)}" for key, value in overrides.items()]
-    return list(overrides)
 
 
 def _model_name(model: Any, tokenizer: Any, name: str | None) -> tuple[str, Dtype, str]:
@@ -144,7 +132,7 @@ def prepare(config: RunConfig | str | Path | Mapping[str, Any] | None = None, *,
     elif model is not None:
         name, dtype, device = _model_name(model, tokenizer, model_name)
         m = replace(m, name=name, dtype=dtype, device=device)
-    cfg = apply_overrides(replace(cfg, model=m, data=data), _override_strings(overrides))
+    cfg = apply_overrides(replace(cfg, model=m, data=data), override_strings(overrides))
     if isinstance(task, VerifiedTask):  # refuse a private list's length before any work
         from dpgrpo.tasks.custom import check_public_n
 

@@ -35,12 +35,12 @@ from dpgrpo.model_adapters import (
     FROZEN_ATTR,
     REFERENCE_ATTR,
     LoraSettings,
-    _keep_lora_precise,
     adapter_digest,
     adapter_parameters,
     attach_lora,
     freeze_adapter,
     frozen_adapter_names,
+    keep_lora_precise,
     keep_reference,
     load_init_adapter,
     reference_policy,
@@ -261,7 +261,7 @@ def _cache_root() -> Path | None:
     return Path(value).expanduser() if value else Path.home() / ".cache" / "dpgrpo"
 
 
-def _gguf_cache_dir(source: ModelSource) -> Path | None:
+def gguf_cache_dir(source: ModelSource) -> Path | None:
     root, path = _cache_root(), source.gguf_path
     if root is None or path is None:
         return None
@@ -297,7 +297,7 @@ def load_tokenizer(name: str) -> Any:
     if name in _OBJECTS:
         return _prepare_tokenizer(_OBJECTS[name][1], name)
     source = resolve_model(name)
-    cache = _gguf_cache_dir(source)
+    cache = gguf_cache_dir(source)
     if cache is not None and (cache / "tokenizer").is_dir():
         tokenizer = AutoTokenizer.from_pretrained(cache / "tokenizer")
     else:
@@ -345,7 +345,7 @@ def load_base_model(name: str, dtype: str | torch.dtype = "float32",
     source, torch_dtype = resolve_model(name), _dtype(dtype)
     if source.is_hub_id:
         check_hub_reachable(source.location)
-    cache = _gguf_cache_dir(source)
+    cache = gguf_cache_dir(source)
     if cache is not None and (cache / "model").is_dir():
         model = AutoModelForCausalLM.from_pretrained(cache / "model", dtype=torch_dtype)
     elif source.gguf_file is not None:
@@ -383,7 +383,7 @@ def load_policy(name: str, *, lora: LoraSettings = LoraSettings(),
         if others:
             raise ConfigError(f"PeftModel {name!r} trains non-LoRA parameters (e.g. {others[0]}); "
                               "dpgrpo computes per-prompt gradients of LoRA parameters only")
-        _keep_lora_precise(given)
+        keep_lora_precise(given)
         return Policy(model=given.to(device), tokenizer=load_tokenizer(name), name=name)
     model = attach_lora(load_base_model(name, dtype, device), lora)
     return Policy(model=model, tokenizer=load_tokenizer(name), name=name)
@@ -414,7 +414,7 @@ def load_adapter(name: str, adapter_dir: str | Path, *, dtype: str | torch.dtype
         raise ConfigError(f"{adapter_dir} has no adapter_config.json: not a saved adapter")
     base = load_base_model(name, dtype, device)
     model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
-    _keep_lora_precise(model)
+    keep_lora_precise(model)
     return Policy(model=model.to(device), tokenizer=load_tokenizer(name), name=name)
 
 

@@ -79,7 +79,7 @@ def _adapter_dtype(model: torch.nn.Module) -> torch.dtype:
     return torch.promote_types(base, torch.float32)  # fp32, or fp64 for fp64 test models
 
 
-def _keep_lora_precise(model: torch.nn.Module) -> None:
+def keep_lora_precise(model: torch.nn.Module) -> None:
     dtype = _adapter_dtype(model)
     for name, param in model.named_parameters():
         if "lora_" in name and param.dtype != dtype:
@@ -108,7 +108,7 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
     if missing:
         raise ConfigError(f"model.target_modules not found in the model: {missing}")
     peft_model = get_peft_model(model, config)
-    _keep_lora_precise(peft_model)
+    keep_lora_precise(peft_model)
     if lora.init_adapter is not None:
         load_init_adapter(peft_model, lora.init_adapter, keep=lora.init_keep)
         if lora.kl_reference == "start" and lora.init_keep == "all":
@@ -251,4 +251,4 @@ def load_init_adapter(model: Any, path: str | Path, *, keep: str = "all") -> Non
             for name, param in adapter_parameters(model).items():
                 if ".lora_B." in name:
                     param.zero_()
-    _keep_lora_precise(model)
+    keep_lora_precise(model)

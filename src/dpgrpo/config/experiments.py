@@ -143,13 +143,6 @@ class StudySettings:
             raise ConfigError(f"study.sweep epsilons must be > 0, got {list(self.sweep)}")
         check_choices(self, "study")
 
-    @classmethod
-    def from_table(cls, table: Mapping[str, Any]) -> StudySettings:
-        """The settings of a ``[study]`` table (the strict loader, errors naming the key)."""
-        from dpgrpo.config.loading import load_study_table
-
-        return load_study_table(dict(table))
-
 
 #: override keys a grid point may set: the adapter, the optimizer, the objective and m (the
 #: mechanism's epsilon, delta, n and T are the private run's and stay fixed)

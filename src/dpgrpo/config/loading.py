@@ -129,12 +129,25 @@ def check_override_table(table: Any, where: str) -> dict[str, Any]:
 
 
 def override_text(value: Any) -> str:
-    """A TOML value as ``--set`` text: true/false, a comma-separated list, else str()."""
+    """A TOML or Python value as ``--set`` text: true/false, none, a comma-separated list,
+    else str()."""
+    if value is None:
+        return "none"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (list, tuple)):
         return ",".join(override_text(v) for v in value)
     return str(value)
+
+
+def override_strings(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+    """``section.key=value`` strings from a mapping ``{"train.rounds": 3}`` (values as
+    :func:`override_text` writes them) or a list of such strings (the API's ``overrides``)."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{key}={override_text(value)}" for key, value in overrides.items()]
+    return list(overrides)
 
 
 def _flatten(prefix: str, value: Any) -> dict[str, Any]:
@@ -265,7 +278,7 @@ def _recipes(table: Any, where: str) -> dict[str, dict[str, Any]]:
             for arm, recipe in table.items()}
 
 
-def _grid(table: Any, where: str) -> tuple[GridPoint, ...]:
+def grid_points(table: Any, where: str = "[tune.grid]") -> tuple[GridPoint, ...]:
     """``[tune.grid]``: point name -> a list of overrides, or a table of key = value."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table: point name -> overrides")
@@ -291,7 +304,7 @@ _SUBTABLES: dict[str, dict[str, Callable[[Any, str], Any]]] = {
     "protocol": {"recipes": _recipes},
     "study": {"leaky": check_override_table, "private_audit": check_override_table,
               "warm_start": check_override_table},
-    "tune": {"grid": _grid},
+    "tune": {"grid": grid_points},
 }
 
 

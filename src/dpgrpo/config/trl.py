@@ -68,10 +68,9 @@ class TRLSettings(Mapping[str, Any]):
 
     def config(self, base: Any = None) -> Any:
         """The overrides applied to ``base`` (a RunConfig; default: the embedded demo)."""
-        from dpgrpo.api import _override_strings
-        from dpgrpo.config import apply_overrides, embedded_default
+        from dpgrpo.config.loading import apply_overrides, embedded_default, override_strings
 
-        return apply_overrides(base or embedded_default(), _override_strings(self.overrides))
+        return apply_overrides(base or embedded_default(), override_strings(self.overrides))
 
 
 Found = dict[str, Any]          # the TRL options read, by name

@@ -74,18 +74,18 @@ from dpgrpo.experiments.study_steps import (
     WARM_START,
     Say,
     Steps,
-    _base_samples,
-    _canary,
-    _mia,
-    _overrides,
-    _permutation,
-    _sweep,
-    _sweep_run,
-    _train_once,
-    _whitebox,
     base_samples_path,
+    canary_audit,
+    draw_base_samples,
+    mia_audit,
+    override_list,
+    permutation_audit,
+    sweep_point,
+    sweep_task,
+    train_once,
+    whitebox_audit,
 )
-from dpgrpo.experiments.study_summary import _jsonable, summarize
+from dpgrpo.experiments.study_summary import jsonable, summarize
 
 
 @dataclass(frozen=True)
@@ -126,11 +126,11 @@ class _Study:
 
     @property
     def leaky(self) -> RunConfig:
-        return apply_overrides(self.config, _overrides(self.settings.leaky))
+        return apply_overrides(self.config, override_list(self.settings.leaky))
 
     @property
     def private(self) -> RunConfig:
-        return apply_overrides(self.config, _overrides(self.settings.private_audit))
+        return apply_overrides(self.config, override_list(self.settings.private_audit))
 
     @property
     def warm_start(self) -> RunConfig:
@@ -141,7 +141,7 @@ class _Study:
 
 
 def _warm_config(config: RunConfig, settings: StudySettings) -> RunConfig:
-    return apply_overrides(config, _overrides(settings.warm_start))
+    return apply_overrides(config, override_list(settings.warm_start))
 
 
 def check_public_warm_start(warm: RunConfig, study: RunConfig, eval_split: str) -> None:
@@ -186,7 +186,7 @@ def _check_warm_start_content(warm: RunConfig, study: RunConfig, eval_split: str
 def _warm_start_train(st: _Study, steps: Steps) -> dict[str, Any]:
     """Train the public warm start (before any arm: they all start from it); its certificate."""
     return steps.run("public warm start: train",
-                     lambda: _train_once(st.warm_start, st.out / WARM_START))
+                     lambda: train_once(st.warm_start, st.out / WARM_START))
 
 
 def _warm_start_eval(st: _Study, steps: Steps) -> None:
@@ -220,15 +220,15 @@ def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
 
 def _leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
     cfg = st.leaky
-    steps.run("leaky non-private run", lambda: _train_once(cfg, st.audit("leaky")))
-    return steps.run("DIBA audit of the leaky run", lambda: _mia(
+    steps.run("leaky non-private run", lambda: train_once(cfg, st.audit("leaky")))
+    return steps.run("DIBA audit of the leaky run", lambda: mia_audit(
         st.audit("leaky"), st.audit("leaky-mia"), st.settings, cfg))
 
 
 def _dp_leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
     cfg = private_twin(st.leaky)
-    steps.run("the leaky recipe under DP", lambda: _train_once(cfg, st.audit("dp-leaky")))
-    return steps.run("DIBA audit of the leaky recipe under DP", lambda: _mia(
+    steps.run("the leaky recipe under DP", lambda: train_once(cfg, st.audit("dp-leaky")))
+    return steps.run("DIBA audit of the leaky recipe under DP", lambda: mia_audit(
         st.audit("dp-leaky"), st.audit("dp-leaky-mia"), st.settings, cfg))
 
 
@@ -245,24 +245,24 @@ def _audit_base_steps(st: _Study, steps: Steps) -> None:
     for path, cfg in paths.items():
         if not path.exists():
             steps.run(f"DIBA: the base model's samples ({cfg.data.task})",
-                      functools.partial(_base_samples, audits, st.settings, cfg))
+                      functools.partial(draw_base_samples, audits, st.settings, cfg))
 
 
 def _permutation_steps(st: _Study, steps: Steps, audit: str, what: str) -> Any:
     """The permutation test of a DIBA audit, once its features are saved."""
     if (st.audit(audit) / "candidates.jsonl").exists():
         return steps.run(f"permutation test of the {what}",
-                         lambda: _permutation(st.audit(audit), st.settings))
+                         lambda: permutation_audit(st.audit(audit), st.settings))
     return None
 
 
 def _private_steps(st: _Study, steps: Steps) -> tuple[dict[str, Any], ...]:
     cfg = st.private
     cert = steps.run("audited DP-GRPO run (members + canaries)",
-                     lambda: _train_once(cfg, st.audit("private")))
-    mia = steps.run("DIBA audit of the DP-GRPO run", lambda: _mia(
+                     lambda: train_once(cfg, st.audit("private")))
+    mia = steps.run("DIBA audit of the DP-GRPO run", lambda: mia_audit(
         st.audit("private"), st.audit("private-mia"), st.settings, cfg))
-    canary = steps.run("canary audit (one-run lower bound)", lambda: _canary(
+    canary = steps.run("canary audit (one-run lower bound)", lambda: canary_audit(
         st.audit("private"), st.audit("canary"), st.settings))
     return cert, mia, canary
 
@@ -298,7 +298,7 @@ def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
     for spec in st.plan.runs:
         tasks[spec.name] = functools.partial(_arm_steps, st, name=spec.name)
     for eps in st.settings.sweep if sweep else ():
-        tasks[f"sweep-eps{eps:g}"] = functools.partial(_sweep_run, st.plan, eps)
+        tasks[f"sweep-eps{eps:g}"] = functools.partial(sweep_task, st.plan, eps)
     tasks["base"] = lambda steps: _base_steps(st, steps)
     if st.settings.warm_start:
         tasks[f"{WARM_START}-eval"] = lambda steps: _warm_start_eval(st, steps)
@@ -402,11 +402,11 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
                  if audit != "dp-leaky-mia" or settings.dp_leaky}
         leaky, private = tests["leaky-mia"] or leaky, tests["private-mia"] or private
         dp_leaky_mia = tests.get("dp-leaky-mia") or dp_leaky_mia
-        sweeps = [_sweep(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
+        sweeps = [sweep_point(plan, eps, steps) for eps in (settings.sweep if sweep else ())]
         dp_run = next(s for s in plan.runs if s.arm == FOCAL_ARM)
         cert = protocol.certificates[dp_run.name]
         whitebox = steps.run("white-box mechanism audit (model-free)",
-                             lambda: _whitebox(cert, st.audit("mechanism")))
+                             lambda: whitebox_audit(cert, st.audit("mechanism")))
     results = {
         "config": str(config_path), "out_dir": str(out), "steps": steps.rows,
         "command": " ".join(["dpgrpo study", str(config_path), *(["--sweep"] if sweep else []),
@@ -414,7 +414,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
                                f"--{'' if v else 'no-'}{k.replace('_', '-')}"
                                for k, v in overrides.items())]),
         "workers": settings.workers,
-        "plan": plan.to_dict(), "protocol_results": _jsonable(protocol.summaries),
+        "plan": plan.to_dict(), "protocol_results": jsonable(protocol.summaries),
         "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky_mia, "private_mia": private,
         "canary": canary, "whitebox": whitebox, "warm_start": warm,
         "private_audit_certificate": dp_cert, "dp_certificate": cert, "sweep": sweeps,

@@ -97,11 +97,11 @@ class Steps:
         return round(total, 1)            # the rows hold tenths of a second
 
 
-def _overrides(table: Mapping[str, Any]) -> list[str]:
+def override_list(table: Mapping[str, Any]) -> list[str]:
     return [f"{k}={override_text(v)}" for k, v in table.items()]
 
 
-def _train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
+def train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
     """Train (or resume, or skip when complete) one run; its certificate."""
     from dpgrpo.experiments.protocol import check_run_dir, release_complete
     from dpgrpo.rundir.layout import RunDir
@@ -140,7 +140,7 @@ def base_samples_path(audits: Path, config: RunConfig) -> Path:
     return audits / "base-samples" / f"{hashlib.sha256(name.encode()).hexdigest()[:16]}.json"
 
 
-def _base_samples(audits: Path, settings: StudySettings, config: RunConfig) -> int:
+def draw_base_samples(audits: Path, settings: StudySettings, config: RunConfig) -> int:
     """Draw the base model's side of the DIBA audits of ``config``'s runs once
     (:func:`dpgrpo.audit.pipeline.base_samples`); the number of candidates."""
     from dpgrpo.audit.pipeline import base_samples
@@ -151,7 +151,7 @@ def _base_samples(audits: Path, settings: StudySettings, config: RunConfig) -> i
                             settings=_sampling(settings), seed=settings.audit_seed))
 
 
-def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
+def mia_audit(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
     """DIBA and the baselines on the run's members ``train[0:k]`` against ``train[k:2k]``,
     the base's samples read from (or drawn into) :func:`base_samples_path`."""
     from dpgrpo.audit.pipeline import run_mia
@@ -173,7 +173,7 @@ def _mia(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -
     return mia_summary(outcome)
 
 
-def _permutation(out: Path, settings: StudySettings) -> dict[str, Any] | None:
+def permutation_audit(out: Path, settings: StudySettings) -> dict[str, Any] | None:
     """Add the permutation test (:func:`dpgrpo.audit.mia.permutation_test`) to the finished
     DIBA audit in ``out``, from the features it saved, stopped by Besag and Clifford's rule at
     ``study.audit_stop_after`` shuffles that reach the observed AUC; its summary, or None while
@@ -209,7 +209,7 @@ def _permutation(out: Path, settings: StudySettings) -> dict[str, Any] | None:
     return summary
 
 
-def _canary(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]:
+def canary_audit(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]:
     from dpgrpo.audit.pipeline import run_canary_audit
     from dpgrpo.audit.report import canary_summary, write_canary_report
 
@@ -220,7 +220,7 @@ def _canary(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]
     return canary_summary(outcome)
 
 
-def _whitebox(cert: Mapping[str, Any], out: Path) -> dict[str, Any]:
+def whitebox_audit(cert: Mapping[str, Any], out: Path) -> dict[str, Any]:
     """The white-box mechanism audit (model-free, gradient canaries) at the DP-GRPO run's
     certificate: a check of the mechanism, which the canary and DIBA audits cannot be."""
     from dpgrpo.audit.mechanism_audit import audit_mechanism, setup_from_certificate
@@ -234,7 +234,7 @@ def _whitebox(cert: Mapping[str, Any], out: Path) -> dict[str, Any]:
     return audit
 
 
-def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
+def sweep_task(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
     """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
     and certificate, or the reason it was refused."""
     from dpgrpo.experiments.protocol import eval_complete, evaluate
@@ -243,7 +243,7 @@ def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any
     cfg = apply_overrides(base.config, ["privacy.noise_multiplier=none", f"privacy.epsilon={eps}"])
     run_dir = plan.out_dir / "sweep" / f"dp-grpo-eps{eps:g}"
     try:
-        cert = steps.run(f"{SWEEP_STEP}{eps:g}: train", lambda: _train_once(cfg, run_dir))
+        cert = steps.run(f"{SWEEP_STEP}{eps:g}: train", lambda: train_once(cfg, run_dir))
     except PrivacyError as err:  # e.g. the noise-tail gate: this epsilon cannot be certified
         return run_dir, str(err)
     if not eval_complete(run_dir / "eval", plan.n_eval):
@@ -253,13 +253,13 @@ def _sweep_run(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any
     return run_dir, cert
 
 
-def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
-    """DP-GRPO at ``eps`` (:func:`_sweep_run`) contrasted with the control."""
+def sweep_point(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
+    """DP-GRPO at ``eps`` (:func:`sweep_task`) contrasted with the control."""
     from dpgrpo.evaluation import stats
     from dpgrpo.reports.inputs import load_arms
 
     control = next(r for r in plan.runs if r.arm == CONTROL_ARM)
-    run_dir, cert = _sweep_run(plan, eps, steps)
+    run_dir, cert = sweep_task(plan, eps, steps)
     if isinstance(cert, str):
         return {"epsilon": eps, "refused": cert}
     _, (a, b) = load_arms([run_dir / "eval", control.eval_dir], plan.base_dir)
@@ -273,4 +273,10 @@ def _sweep(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
                                                cert["expected_batch"])}
 
 
-__all__ = ["STUDY_JSON", "STUDY_MD", "SWEEP_STEP", "WARM_START", "Say", "Steps", "StudySettings"]
+#: the names before issue 59 (tests and callers of an earlier dpgrpo import them)
+_train_once, _whitebox = train_once, whitebox_audit
+
+
+__all__ = ["STUDY_JSON", "STUDY_MD", "SWEEP_STEP", "WARM_START", "Say", "Steps", "StudySettings",
+           "canary_audit", "draw_base_samples", "mia_audit", "override_list", "permutation_audit",
+           "sweep_point", "sweep_task", "train_once", "whitebox_audit"]

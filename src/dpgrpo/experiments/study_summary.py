@@ -41,7 +41,7 @@ def _runs_keys(key: str, c: Mapping[str, Any]) -> dict[str, Any]:
             f"{key}_seeds": c["seeds"]}
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str))
 
 
@@ -139,4 +139,4 @@ def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
     }
 
 
-__all__ = ["summarize"]
+__all__ = ["jsonable", "summarize"]

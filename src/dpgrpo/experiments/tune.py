@@ -50,9 +50,9 @@ from dpgrpo.errors import ConfigError, PrivacyError
 def parse_grid(table: Mapping[str, Any]) -> tuple[GridPoint, ...]:
     """A ``[tune.grid]`` table (point name -> list of overrides, or a table of key = value),
     each override checked against the run config's schema."""
-    from dpgrpo.config.loading import _grid
+    from dpgrpo.config.loading import grid_points
 
-    return _grid(dict(table), "[tune.grid]")
+    return grid_points(dict(table))
 
 
 def load_tune(path: str | Path, overrides: Sequence[str] = (), **options: Any

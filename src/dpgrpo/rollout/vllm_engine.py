@@ -96,12 +96,12 @@ def require_vllm(device: str | None = None) -> None:
 def base_model_path(name: str) -> tuple[str, str]:
     """``(model, tokenizer)`` locations vLLM can load for the public base model ``name``: a
     local folder or hub id as is; an alias or GGUF file through dpgrpo's dequantized cache."""
-    from dpgrpo.model import _gguf_cache_dir, resolve_model
+    from dpgrpo.model import gguf_cache_dir, resolve_model
 
     source = resolve_model(name)
     if source.gguf_file is None:
         return source.location, source.location
-    cache = _gguf_cache_dir(source)
+    cache = gguf_cache_dir(source)
     if cache is None or not (cache / "model").is_dir() or not (cache / "tokenizer").is_dir():
         raise ConfigError(f"vLLM needs the dequantized copy of {name} in dpgrpo's cache: load "
                           "it once with the transformers engine and keep DPGRPO_CACHE on")

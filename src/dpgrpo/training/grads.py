@@ -50,7 +50,7 @@ from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.model_adapters import frozen_adapter_names
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import prompt_row_chunks
-from dpgrpo.training.lora_hooks import _LoraHooks, first_adapted_layer
+from dpgrpo.training.lora_hooks import LoraHooks, first_adapted_layer
 from dpgrpo.training.runtime import release_free_memory
 
 PerPromptGrads = dict[str, torch.Tensor]   # name -> (B, *param.shape)
@@ -186,7 +186,7 @@ def per_prompt_grads_fast(model: torch.nn.Module, objective: Objective, batch: T
     if b == 0 or r == 0:
         return out
     masks = PromptDropout(dropout_seeds, b, _device(model))
-    hooks = _LoraHooks(model, params, out)
+    hooks = LoraHooks(model, params, out)
     try:
         with masks.scope():
             for rows in prompt_row_chunks(batch.num_rows, r, rows_per_pass):

@@ -1,7 +1,7 @@
 """The fast path's hooks: per-prompt LoRA weight gradients formed inside one backward.
 
 :func:`dpgrpo.training.grads.per_prompt_grads_fast` runs one forward/backward per pass with
-:class:`_LoraHooks` installed on the PEFT LoRA layers; this module is that machinery, apart
+:class:`LoraHooks` installed on the PEFT LoRA layers; this module is that machinery, apart
 from the public per-prompt gradient functions so they stay readable. While the hooks are on,
 the LoRA parameters are frozen (autograd saves none of their inputs) and each weight gradient
 ``sum over tokens of grad_out (x) input`` is formed in a backward hook into the gradient of
@@ -43,7 +43,7 @@ class _RecordingDropout(torch.nn.Module):
     """LoRA dropout that tells the hooks its mask instead of leaving a dropped copy behind.
 
     ``scaled=False`` leaves out the 1/(1-p) factor: the hooks apply it to lora_A's rank-r
-    output instead (the same product, one full-width pass fewer each way: see _LoraHooks).
+    output instead (the same product, one full-width pass fewer each way: see LoraHooks).
     """
 
     def __init__(self, p: float, record: Callable[[torch.Tensor | None], None],
@@ -105,7 +105,7 @@ def first_adapted_layer(model: torch.nn.Module) -> torch.nn.Module | None:
     return layers[next(i for i, k in enumerate(inside) if k)]
 
 
-class _LoraHooks:
+class LoraHooks:
     """While active: LoRA parameters frozen, dropout recorded, per-prompt weight grads formed
     in backward hooks into ``out[name][target]`` (``target`` = the prompt of the pass).
 
