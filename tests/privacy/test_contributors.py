@@ -232,7 +232,8 @@ def test_config_keys_are_validated():
     assert (cfg.data.privacy_unit, cfg.data.contributors, cfg.data.per_contributor) == (
         "contributor", "map.csv", 3)
     assert embedded_default().data.privacy_unit == "prompt"
-    for bad, message in ((["data.privacy_unit=person"], "'prompt' or 'contributor'"),
+    for bad, message in ((["data.privacy_unit=person"],
+                          "privacy_unit must be one of prompt, contributor; got 'person'"),
                          (["data.per_contributor=0"], "per_contributor must be >= 1"),
                          (["data.contributors=map.csv"], "privacy_unit = 'contributor'")):
         with pytest.raises(ConfigError, match=message):
