@@ -573,6 +573,9 @@ def main() -> None:
                         "--work (two at a time, one thread each; vs_trl_runs.py), then report")
     parser.add_argument("--variants", default="trl-nodrop,dpgrpo-nodrop-fixed",
                         help="--runs: the variants, comma-separated (vs_trl_runs.VARIANTS)")
+    parser.add_argument("--slots", type=int, default=2,
+                        help="--runs: runs at a time, one thread each (2 on 2 cores; a second "
+                             "campaign beside a running one takes 1, dpgrpo variants only)")
     parser.add_argument("--report", action="store_true",
                         help="only report the finished runs of --runs under --work")
     parser.add_argument("--any-commit", action="store_true",
@@ -587,12 +590,12 @@ def main() -> None:
         import vs_trl_runs
 
         if args.runs is not None:
-            if args.runs < 1:
-                raise SystemExit("bench/vs_trl.py: --runs must be >= 1")
+            if args.runs < 1 or args.slots < 1:
+                raise SystemExit("bench/vs_trl.py: --runs and --slots must be >= 1")
             model_dir = export_model(args.model_dir or args.work / "smollm2-135m-hf")
             vs_trl_runs.campaign(args.work, [v for v in args.variants.split(",") if v],
                                  args.runs, model_dir, rounds=args.rounds, limit=args.eval,
-                                 sets=args.sets, log=lambda m: print(m, file=sys.stderr,
+                                 slots=args.slots, sets=args.sets, log=lambda m: print(m, file=sys.stderr,
                                                                      flush=True))
         summary = vs_trl_runs.report(vs_trl_runs.records(args.work), any_commit=args.any_commit)
         print(json.dumps(summary, indent=None if args.json else 2))
