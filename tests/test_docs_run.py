@@ -50,6 +50,7 @@ REWRITES = [
     ("/path/to/Qwen2.5-1.5B-Instruct", TINY),
     ("runs/dp-grpo-20260101-120000", "runs/x"),
     ("--limit 50", "--limit 2"), ("[0:32]", "[0:8]"),
+    ("--permutations 50", "--permutations 5"),  # each refits the classifier: 887 s for 50 here
     # README's Python example and coming-from-trl.md: fewer rounds and tokens on the tiny model
     ('"train.rounds": 4', '"train.rounds": 1'), ('"train.max_new_tokens": 32',
                                                   '"train.max_new_tokens": 4, "model.device": "cpu"'),
