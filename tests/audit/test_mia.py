@@ -165,14 +165,19 @@ def test_the_sequential_test_draws_the_fixed_tests_first_shuffles():
 
     stopped = permutation_test(x, y, permutations=6, seed=0, n_folds=3, n_estimators=5,
                                observed=cv, stop_after=2)
-    drawn = stopped.null.size
-    assert drawn < 6 and stopped.stopped_early and stopped.draws == drawn
+    # both tails' rules run (two-sided p): the draws go on until the lower tail stops too, and
+    # the upper tail's p reads only its own first `draws`
+    drawn, upper = stopped.null.size, stopped.draws
+    assert upper < 6 and stopped.stopped_early and upper <= drawn
     assert np.array_equal(stopped.null, null[:drawn])
-    assert stopped.p_value == 2 / drawn == sequential_p_value(observed, null, max_draws=6,
+    assert min(np.sum(stopped.null >= observed), np.sum(stopped.null <= observed)) >= 2 or \
+        drawn == 6
+    assert stopped.p_value == 2 / upper == sequential_p_value(observed, null, max_draws=6,
                                                               stop_after=2)
     d = stopped.to_dict()
     assert (d["permutations"], d["draws"], d["stop_after"], d["p_value"], len(d["null"])) == \
-        (6, drawn, 2, 2 / drawn, drawn)
+        (6, upper, 2, 2 / upper, drawn)
+    assert d["p_value_two_sided"] == min(1.0, 2 * min(d["p_value"], d["p_value_lower"]))
     for h in (0, 7):
         with pytest.raises(ValueError, match="stop_after"):
             permutation_test(x, y, permutations=6, observed=cv, stop_after=h)

@@ -12,6 +12,9 @@ Pure parts (no model):
   permutation test's stopping rule;
 * :mod:`~dpgrpo.audit.one_run`: the one-run epsilon lower bound of Steinke, Nasr and Jagielski
   (2023);
+* :mod:`~dpgrpo.audit.fdp`: the f-DP one-run bound against the certified mechanism's
+  trade-off family (Xiang et al. 2025's order-statistics tail);
+* :mod:`~dpgrpo.audit.independence`: the check that the rounds' noises are independent;
 * :mod:`~dpgrpo.audit.canary`: canaries, secret inclusion bits, the saved plan, canary signal;
 * :mod:`~dpgrpo.audit.gradient_canaries`, :mod:`~dpgrpo.audit.whitebox`,
   :mod:`~dpgrpo.audit.whitebox_stats` and :mod:`~dpgrpo.audit.mechanism_audit`: the white-box

@@ -5,6 +5,11 @@ One call runs the real mechanism over K gradient canaries for T rounds
 
 * the one-run lower bound at 95% (Steinke et al.) for the white-box adversary and for the
   final-model adversary;
+* the f-DP one-run bound at 95% (:mod:`dpgrpo.audit.fdp`: the certified mechanism's trade-off
+  family, order statistics of the most confident guesses), which a bug that leaks more than
+  certified pushes above the certificate;
+* the check that the rounds' noises are independent (:mod:`dpgrpo.audit.independence`), in the
+  run and in audit mode;
 * the one-shot Gaussian estimate (Andrew et al.): mu and its epsilon at the run's delta;
 * the analytic values the certificate implies for the same observations;
 * with ``calibrate=True``, audit mode: the same sigma, C, T and trainable space at q = 1, where
@@ -24,6 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from dpgrpo.audit.fdp import (
+    design_r,
+    epsilon_of_mu,
+    fdp_bound,
+    guesses,
+    largest_rejected_mu,
+    r_grid,
+)
+from dpgrpo.audit.independence import describe, round_independence
 from dpgrpo.audit.whitebox import BROKEN, AuditSetup, Observation, simulate
 from dpgrpo.audit.whitebox_stats import (
     analytic,
@@ -59,19 +73,38 @@ class MechanismAudit:
     calibration: dict | None = None
     seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    fdp_bound: dict | None = None
+    independence: dict | None = None
+
+    @property
+    def flagged_by(self) -> tuple[str, ...]:
+        """The statistics that flagged the mechanism (empty: passed): a one-run bound above
+        what the certificate claims at the bound's delta, audit mode's mu or noise scale, or
+        the rounds' noises correlated (in the run or in audit mode)."""
+        claimed = self.analytic.get("certified_epsilon_at_bound_delta", self.certified_epsilon)
+        out = []
+        if self.certified_epsilon is not None and max(
+                self.whitebox_bound["epsilon_lower_bound"],
+                self.final_bound["epsilon_lower_bound"]) > claimed:
+            out.append("count-based one-run bound")
+        if (self.fdp_bound or {}).get("flagged"):
+            out.append("f-DP one-run bound")
+        cal = self.calibration or {}
+        if cal.get("flagged"):
+            out.append("audit mode mu / noise scale")
+        if (self.independence or {}).get("flagged"):
+            out.append("noise independence across rounds")
+        if (cal.get("independence") or {}).get("flagged"):
+            out.append("noise independence across rounds (audit mode)")
+        return tuple(out)
 
     @property
     def flagged(self) -> bool:
-        """True when audit mode found the mechanism off its certificate, or a lower bound
-        exceeds what the certificate claims at the bound's delta."""
-        claimed = self.analytic.get("certified_epsilon_at_bound_delta", self.certified_epsilon)
-        over = self.certified_epsilon is not None and max(
-            self.whitebox_bound["epsilon_lower_bound"],
-            self.final_bound["epsilon_lower_bound"]) > claimed
-        return bool(over or (self.calibration or {}).get("flagged", False))
+        return bool(self.flagged_by)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {"flagged": self.flagged}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {
+            "flagged": self.flagged, "flagged_by": list(self.flagged_by)}
 
 
 def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
@@ -92,12 +125,43 @@ def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
     return wb.to_dict() | {"count_ceiling": ceiling}, final.to_dict(), info
 
 
+def _fdp(scores: np.ndarray, included: np.ndarray, s: AuditSetup, confidence: float,
+         selection: str) -> dict:
+    """The f-DP one-run bound (:mod:`dpgrpo.audit.fdp`) with r fixed by the public design
+    simulation, or chosen on a public random half and applied to the other half."""
+    common: dict[str, Any] = dict(q=s.q, sigma=s.sigma, rounds=s.rounds,
+                                  delta=s.bound_delta, confidence=confidence)
+    extra: dict[str, Any] = {}
+    if selection == "design":
+        r, ratio = design_r(s.canaries, s.q, s.sigma, s.rounds, confidence)
+        b = fdp_bound(scores, included, r=r, selection="design", **common)
+        extra["design_median_bound"] = epsilon_of_mu(ratio / s.sigma, s.q, s.rounds,
+                                                     s.bound_delta)
+    else:
+        order = np.random.default_rng(0).permutation(scores.size)      # public split
+        a, bb = order[: scores.size // 2], order[scores.size // 2:]
+        inc = np.asarray(included, dtype=bool)
+
+        def mu_hat(r: int) -> float:
+            return largest_rejected_mu(mu_cert=1 / s.sigma, q=s.q, rounds=s.rounds, m=a.size,
+                                       r=r, u=guesses(scores[a], inc[a], r),
+                                       confidence=confidence)[0]
+
+        r = max(r_grid(a.size), key=mu_hat)
+        b = fdp_bound(scores[bb], inc[bb], r=r, selection="half", **common)
+    run_delta = epsilon_of_mu(b.mu_rejected, s.q, s.rounds, s.delta,
+                              coarse=b.mu_rejected > 1 / s.sigma)
+    return b.to_dict() | extra | {"epsilon_at_run_delta": run_delta, "run_delta": s.delta}
+
+
 def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
           confidence: float = 0.95, selection: str = "design") -> MechanismAudit:
     """Every statistic of one observed run (no audit mode)."""
     if selection not in ("design", "half"):
         raise ConfigError(f"selection must be 'design' or 'half', got {selection!r}")
     wb, final, info = _bounds(obs, setup, confidence, selection)
+    fdp = _fdp(llr_scores(obs.rounds, setup.q, setup.sigma), obs.included, setup, confidence,
+               selection)
     return MechanismAudit(
         setup=setup.to_dict(), mechanism=mechanism, certified_epsilon=setup.certified_epsilon,
         whitebox_bound=wb, final_bound=final,
@@ -105,7 +169,8 @@ def score(setup: AuditSetup, obs: Observation, mechanism: str = "correct", *,
         final_fit=gaussian_fit(obs.final, obs.included, setup.delta).to_dict(),
         analytic=analytic(setup.q, setup.sigma, setup.rounds, setup.delta,
                           bound_delta=setup.bound_delta) | info,
-        seconds=obs.seconds)
+        seconds=obs.seconds, fdp_bound=fdp,
+        independence=round_independence(obs.rounds, obs.included).to_dict())
 
 
 def audit_mechanism(setup: AuditSetup, mechanism: str = "correct", *, seed: int | None = None,
@@ -122,6 +187,7 @@ def _with_calibration(audit: MechanismAudit, setup: AuditSetup, mechanism: str,
                       seed: int | None) -> MechanismAudit:
     q1 = simulate(setup.audit_mode(), mechanism, seed=None if seed is None else seed + 100)
     cal = calibration(q1.rounds, q1.included, sigma=setup.sigma).to_dict()
+    cal["independence"] = round_independence(q1.rounds, q1.included).to_dict()
     return replace(audit, calibration=cal, seconds=audit.seconds + q1.seconds)
 
 
@@ -143,16 +209,19 @@ def audit_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
 
 def detection(setup: AuditSetup, *, trials: int = 1, seed: int | None = None,
               mechanisms: tuple[str, ...] = ("correct", *BROKEN)) -> dict[str, dict]:
-    """Audit mode (q = 1) on each mechanism ``trials`` times: how often each is flagged, and the
-    measured mu relative to sqrt(T)/sigma."""
+    """Audit mode (q = 1) on each mechanism ``trials`` times: how often each is flagged (by
+    mu, the noise scale or the rounds' independence), and the measured mu relative to
+    sqrt(T)/sigma."""
     mode = setup.audit_mode()
     out: dict[str, dict] = {}
     for j, name in enumerate(mechanisms):
-        cals = [calibration(o.rounds, o.included, sigma=mode.sigma) for o in (
-            simulate(mode, name, seed=None if seed is None else seed + 1000 * j + t)
-            for t in range(trials))]
+        obs = [simulate(mode, name, seed=None if seed is None else seed + 1000 * j + t)
+               for t in range(trials)]
+        cals = [calibration(o.rounds, o.included, sigma=mode.sigma) for o in obs]
+        inds = [round_independence(o.rounds, o.included) for o in obs]
         ratios = [c.mu_ratio for c in cals]
-        out[name] = {"flagged": sum(c.flagged for c in cals), "trials": trials,
+        out[name] = {"flagged": sum(c.flagged or i.flagged for c, i in zip(cals, inds)),
+                     "flagged_by_independence": sum(i.flagged for i in inds), "trials": trials,
                      "mu_ratio_min": float(np.min(ratios)), "mu_ratio_max": float(np.max(ratios)),
                      "noise_scale_mean": float(np.mean([c.noise_scale for c in cals]))}
     return out
@@ -210,17 +279,30 @@ def read_certificate(run_dir: str | Path) -> dict:
 
 
 def require_passed(audit: MechanismAudit) -> None:
-    """Raise :class:`MechanismAuditError` when the audit flags the mechanism."""
+    """Raise :class:`MechanismAuditError` when the audit flags the mechanism, naming every
+    statistic that flagged it."""
     if not audit.flagged:
         return
-    cal = audit.calibration or {}
-    detail = (f"measured mu {cal['mu']:.3f} vs certified {cal['mu_certified']:.3f}, noise scale "
-              f"{cal['noise_scale']:.3f}" if cal.get("flagged") else
-              f"one-run lower bound above the certified epsilon {audit.certified_epsilon}")
+    cal, fdp = audit.calibration or {}, audit.fdp_bound or {}
+    details = []
+    for name in audit.flagged_by:
+        if name == "audit mode mu / noise scale":
+            details.append(f"audit mode: measured mu {cal['mu']:.3f} vs certified "
+                           f"{cal['mu_certified']:.3f}, noise scale {cal['noise_scale']:.3f}")
+        elif name == "f-DP one-run bound":
+            details.append(f"f-DP one-run bound {fdp['epsilon_lower_bound']:.3f} above the "
+                           f"certificate's {audit.analytic['certified_epsilon_at_bound_delta']:.3f}"
+                           f" at delta' {fdp['delta']:.2g} (the certified curve rejected at "
+                           f"p = {fdp['p_certified']:.2g} < {fdp['flag_level']:.2g})")
+        elif name == "noise independence across rounds":
+            details.append(describe(audit.independence or {}))
+        elif name.startswith("noise independence"):
+            details.append(describe(cal["independence"]) + " (audit mode)")
+        else:
+            details.append(f"one-run lower bound above the certified epsilon "
+                           f"{audit.certified_epsilon}")
     raise MechanismAuditError(f"the {audit.mechanism} mechanism fails its certificate's audit: "
-                              f"{detail}; the certified epsilon cannot be trusted")
-
-
+                              f"{'; '.join(details)}; the certified epsilon cannot be trusted")
 
 
 def summary_lines(audit: MechanismAudit) -> str:
@@ -239,6 +321,8 @@ def summary_lines(audit: MechanismAudit) -> str:
         f" ({wb['v']}/{wb['r']} correct; no count-based one-run bound could prove more than "
         f"{wb.get('count_ceiling', float('nan')):.3f} from them), final model "
         f"{fb['epsilon_lower_bound']:.3f} ({fb['v']}/{fb['r']})",
+        _fdp_line(audit),
+        f"  {describe(audit.independence or {})}" if audit.independence else "",
         f"  one-shot Gaussian fit: white-box mu {wf['mu']:.3f} (epsilon {wf['epsilon']:.3f}), "
         f"final model mu {ff['mu']:.3f} (epsilon {ff['epsilon']:.3f})",
         f"  analytic: white-box epsilon {a['whitebox_epsilon']:.3f}; the statistic's mu "
@@ -252,8 +336,29 @@ def summary_lines(audit: MechanismAudit) -> str:
                      f"{cal['mu_certified']:.3f} (ratio {cal['mu_ratio']:.3f}), noise scale "
                      f"{cal['noise_scale']:.3f}: {'FLAGGED' if cal['flagged'] else 'passed'} "
                      f"(tolerance {cal['tolerance']:.0%})")
-    lines.append(f"  {audit.seconds:.1f} s")
-    return "\n".join(lines)
+        if cal.get("independence"):
+            lines.append(f"  audit mode: {describe(cal['independence'])}")
+    verdict = ("FLAGGED by " + ", ".join(audit.flagged_by)) if audit.flagged else "passed"
+    lines.append(f"  verdict: {verdict}; {audit.seconds:.1f} s")
+    return "\n".join(line for line in lines if line)
+
+
+def _fdp_line(audit: MechanismAudit) -> str:
+    """The f-DP one-run bound beside the certificate, at delta' and at the run's delta."""
+    f, a = audit.fdp_bound, audit.analytic
+    if not f:
+        return ""
+    cert_run = "n/a" if audit.certified_epsilon is None else f"{audit.certified_epsilon:.3f}"
+    return (f"  f-DP one-run bound ({f['confidence']:.0%}, the certified curve's family): "
+            f"{'at least ' if f['capped'] else ''}{f['epsilon_lower_bound']:.3f} at delta' "
+            f"(certificate "
+            f"{a['certified_epsilon_at_bound_delta']:.3f}), {f['epsilon_at_run_delta']:.3f} at "
+            f"delta {f['run_delta']:.3g} (certificate {cert_run}); {f['u']} wrong of the "
+            f"{f['r']} most confident guesses, sigma' = {1 / f['mu_rejected']:.4g} rejected; "
+            f"the certified curve's p = {f['p_certified']:.2g} (flag below {f['flag_level']:.2g})"
+            if f["mu_rejected"] > 0 else
+            f"  f-DP one-run bound ({f['confidence']:.0%}): 0 ({f['u']} wrong of {f['r']})") + (
+            f"; expected {f['design_median_bound']:.3f}" if "design_median_bound" in f else "")
 
 
 __all__ = ["MechanismAudit", "audit_end_to_end", "audit_mechanism", "detection",

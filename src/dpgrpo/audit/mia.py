@@ -38,9 +38,10 @@ from dpgrpo.audit.metrics import (
 )
 from dpgrpo.audit.sequential import (
     check_rule,
-    draw_sequentially,
+    draw_both_tails,
     draws_made,
     sequential_p_value,
+    two_sided_p_value,
 )
 
 #: Names of the three hardness subsets (Table 3) and of the whole set.
@@ -157,7 +158,10 @@ class PermutationTest:
     bootstrap interval of :func:`dpgrpo.audit.metrics.auc_confidence_interval` leaves out: the
     variance of fitting the classifier on a few dozen candidates and its bias (without signal,
     cross-validated classifiers score below 0.5 on average on small sets). Leakage shows as a
-    large AUC, so the p-value is one-sided. ``null`` holds the draws made, at most
+    large AUC, so ``p_value`` is one-sided; an AUC far *below* the null is a signal too
+    (leakage that lowers members' scores, or members and non-members that are not exchangeable),
+    so ``p_value_lower`` and ``p_value_two_sided`` (both tails, Bonferroni) are reported beside
+    it, the draws running until both tails' rules stop. ``null`` holds the draws made, at most
     ``permutations``; with ``stop_after = h`` they stop at the h-th null AUC >= the observed one
     (Besag and Clifford 1991, :mod:`dpgrpo.audit.sequential`): p = h / draws then, else
     ``(1 + #{null >= observed}) / (1 + permutations)``, the fixed test's p (``stop_after``
@@ -192,6 +196,22 @@ class PermutationTest:
                                   stop_after=self.stop_after)
 
     @property
+    def p_value_two_sided(self) -> float | None:
+        """Both tails' sequential p-values combined (None for a test drawn one-sided)."""
+        return two_sided_p_value(self.observed, self.null, max_draws=self.max_draws,
+                                 stop_after=self.stop_after)
+
+    @property
+    def p_value_lower(self) -> float | None:
+        """The lower tail's sequential p-value: an AUC this far below the null (None for a
+        test drawn one-sided)."""
+        try:
+            return sequential_p_value(-self.observed, -self.null, max_draws=self.max_draws,
+                                      stop_after=self.stop_after)
+        except ValueError:
+            return None
+
+    @property
     def null_band(self) -> tuple[float, float]:
         """The central 95% of the null AUCs drawn."""
         low, high = np.quantile(self.null, [0.025, 0.975])
@@ -203,8 +223,11 @@ class PermutationTest:
         return {"statistic": "pooled out-of-fold AUC", "observed": self.observed,
                 "permutations": self.max_draws, "seed": self.seed,
                 "null_mean": float(self.null.mean()), "null_band": list(self.null_band),
-                "p_value": self.p_value, "null": [float(v) for v in self.null],
-                "draws": self.draws, "stop_after": self.stop_after,
+                "p_value": self.p_value, "p_value_lower": self.p_value_lower,
+                "p_value_two_sided": self.p_value_two_sided,
+                "null": [float(v) for v in self.null],
+                "draws": self.draws, "drawn_both_tails": int(self.null.size),
+                "stop_after": self.stop_after,
                 "stopped_early": self.stopped_early,
                 "rule": "fixed" if self.stop_after is None else "Besag-Clifford sequential"}
 
@@ -235,8 +258,8 @@ def permutation_test(features: np.ndarray, labels: np.ndarray, *, permutations: 
         observed = cross_validate_attack(x, y, n_folds=n_folds, seed=seed,
                                          n_estimators=n_estimators)
     auc = observed.pooled.auc
-    null = draw_sequentially(auc, _shuffled_aucs(x, y, seed, n_folds, n_estimators),
-                             max_draws=permutations, stop_after=stop_after)
+    null = draw_both_tails(auc, _shuffled_aucs(x, y, seed, n_folds, n_estimators),
+                           max_draws=permutations, stop_after=stop_after)
     return PermutationTest(auc, null, seed, permutations, stop_after)
 
 

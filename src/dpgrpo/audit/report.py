@@ -143,7 +143,11 @@ def permutation_sentence(test: Mapping) -> str:
     return (f"Permutation test ({_shuffles(test)}, the whole CV refitted on each): pooled "
             f"out-of-fold AUC {test['observed']:.3f} against a null with mean "
             f"{test['null_mean']:.3f} and central 95% [{low:.3f}, {high:.3f}]; one-sided p = "
-            f"{test['p_value']:.3g} (small p: the attack sees membership).")
+            f"{test['p_value']:.3g} (small p: the attack sees membership)"
+            + (f"; two-sided p = {test['p_value_two_sided']:.3g} (an AUC far below the null is "
+               "a signal too: leakage that lowers members' scores, or a member/non-member "
+               "split that is not exchangeable)" if test.get("p_value_two_sided") is not None
+               else "") + ".")
 
 
 def _shuffles(test: Mapping) -> str:

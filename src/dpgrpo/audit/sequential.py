@@ -63,6 +63,39 @@ def draw_sequentially(observed: float, nulls: Iterable[float], *, max_draws: int
     raise ValueError(f"the null ran out after {len(drawn)} of {max_draws} draws")
 
 
+def draw_both_tails(observed: float, nulls: Iterable[float], *, max_draws: int,
+                    stop_after: int | None) -> np.ndarray:
+    """The draws a two-sided test needs: Besag and Clifford's rule run on each tail at once
+    (values ``>= observed`` and values ``<= observed``), stopping when both tails have stopped
+    (or at ``max_draws``). Each tail's p-value (:func:`sequential_p_value`, on ``null`` and on
+    ``-null``) reads only the draws before its own stop, so each is exactly its one-sided
+    sequential p-value; their two-sided combination is :func:`two_sided_p_value`."""
+    check_rule(max_draws, stop_after)
+    drawn: list[float] = []
+    up = down = 0
+    for value in nulls:
+        drawn.append(float(value))
+        up += int(drawn[-1] >= observed)
+        down += int(drawn[-1] <= observed)
+        if len(drawn) == max_draws or (stop_after is not None and min(up, down) >= stop_after):
+            return np.array(drawn)
+    raise ValueError(f"the null ran out after {len(drawn)} of {max_draws} draws")
+
+
+def two_sided_p_value(observed: float, null: np.ndarray, *, max_draws: int,
+                      stop_after: int | None) -> float | None:
+    """``min(1, 2 min(p_upper, p_lower))`` (Bonferroni over the two tails), each tail's
+    sequential p-value; None when ``null`` stopped before the lower tail's rule could (a test
+    drawn one-sided, as every test saved before 2026-12 was)."""
+    try:
+        lower = sequential_p_value(-observed, -np.asarray(null, dtype=np.float64),
+                                   max_draws=max_draws, stop_after=stop_after)
+    except ValueError:
+        return None
+    upper = sequential_p_value(observed, null, max_draws=max_draws, stop_after=stop_after)
+    return min(1.0, 2.0 * min(upper, lower))
+
+
 def draws_made(observed: float, null: np.ndarray, *, max_draws: int,
                stop_after: int | None) -> int:
     """How many of the values in ``null`` the rule draws before it stops (``L``)."""

@@ -24,6 +24,7 @@ they exist so that the audit can be shown to fail them.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, cast
 
@@ -43,7 +44,7 @@ from dpgrpo.privacy.mechanism import (
     sanitize_nonfinite,
     sum_records,
 )
-from dpgrpo.privacy.noise import NoiseSource
+from dpgrpo.privacy.noise import KEY_BYTES, NoiseSource, seeded_key
 from dpgrpo.privacy.sampling import PoissonSampler
 
 BACKGROUNDS = ("zero", "random")
@@ -156,15 +157,35 @@ def _realized_batch(grads: Grads, *, expected_batch: float, **kw) -> Grads:
     return _correct(grads, expected_batch=float(max(num_records(grads), 1)), **kw)
 
 
-#: The real mechanism and four deliberately broken ones (issue 27), by name.
+def _noise_per_prompt(grads: Grads, *, clip_norm: float, noise_multiplier: float,
+                      expected_batch: float, noise: NoiseSource) -> Grads:
+    # each of the B records adds its own N(0, sigma^2 C^2 / (q n)): the sum's noise has
+    # variance sigma^2 C^2 B / (q n), a data-dependent scale (the same law as drawing B vectors)
+    per = noise_multiplier * math.sqrt(num_records(grads) / expected_batch)
+    return _correct(grads, clip_norm=clip_norm, noise_multiplier=per,
+                    expected_batch=expected_batch, noise=noise)
+
+
+#: The real mechanism and six deliberately broken ones (issues 27 and 58), by name.
 MECHANISMS: dict[str, Mechanism] = {
     "correct": _correct,
     "half_sigma": _half_sigma,              # noise sigma/2 instead of sigma
     "no_clipping": _no_clipping,            # records summed unclipped (noise still sigma C)
     "half_coordinates": _half_coordinates,  # noise on the first tensor only
     "realized_batch": _realized_batch,      # divided by the realized batch, not q n
+    "noise_per_prompt": _noise_per_prompt,  # N(0, sigma^2 C^2 / (q n)) per record, summed
+    "reused_noise": _correct,               # the round key drawn once (_noise_source)
 }
 BROKEN = tuple(k for k in MECHANISMS if k != "correct")
+
+
+def _noise_source(mechanism: str, seed: int | None) -> NoiseSource:
+    """The run's noise source; for ``reused_noise`` one whose every round reads the same key,
+    so that every round adds the same noise vector (the bug a round key drawn once makes)."""
+    if mechanism != "reused_noise":
+        return NoiseSource() if seed is None else NoiseSource(seed=seed + 1)
+    key = os.urandom(KEY_BYTES) if seed is None else seeded_key(seed + 1, 0)
+    return NoiseSource(entropy=lambda nbytes: key[:nbytes])
 
 
 @dataclass(frozen=True)
@@ -198,7 +219,7 @@ def simulate(setup: AuditSetup, mechanism: str = "correct", *,
         raise ConfigError(f"unknown mechanism {mechanism!r}; choose from {sorted(MECHANISMS)}")
     start = time.perf_counter()
     mech, s, d, k = MECHANISMS[mechanism], setup, setup.coordinates, setup.canaries
-    noise = NoiseSource() if seed is None else NoiseSource(seed=seed + 1)
+    noise = _noise_source(mechanism, seed)
     sampler = PoissonSampler(s.n, s.q, seed=None if seed is None else seed + 2)
     gen = None if seed is None else torch.Generator().manual_seed(seed + 3)
     rng = np.random.default_rng(None if seed is None else seed + 4)

@@ -180,7 +180,8 @@ def mechanism(
     mechanism_name: str = typer.Option("correct", "--mechanism",
                                        help="correct, or a deliberately broken one to see the "
                                             "audit fail: half_sigma, no_clipping, "
-                                            "half_coordinates, realized_batch."),
+                                            "half_coordinates, realized_batch, "
+                                            "noise_per_prompt, reused_noise."),
     selection: str = typer.Option("design", "--selection", help="How the white-box bound's "
                                   "guesses are fixed: design (in advance) or half."),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the bounds."),
@@ -196,8 +197,9 @@ def mechanism(
     as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON."),
 ) -> None:
     """White-box audit of the mechanism with gradient canaries (model-free, or --end-to-end):
-    one-run lower bound, one-shot Gaussian estimate and analytic value beside the certified
-    epsilon; exits non-zero when audit mode flags the mechanism."""
+    count-based and f-DP one-run lower bounds, the rounds' noise independence, one-shot
+    Gaussian estimate and analytic value beside the certified epsilon; exits non-zero when a
+    statistic flags the mechanism (the verdict line names it)."""
     from dpgrpo.audit import mechanism_audit as ma
 
     overrides = {} if coordinates is None else {"coordinates": coordinates}

@@ -171,7 +171,8 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
         + (" The intervals are bootstrap intervals over the candidates; the permutation test "
            "(the whole cross-validated attack refitted on shuffled labels) also counts how the "
            "classifier was fitted, and its one-sided p-value is the test for leakage."
-           + _sequential_note(s) if "audit_leaky_auc_p" in s else ""),
+           + _sequential_note(s) if "audit_leaky_auc_p" in s else "")
+        + _auc_side_notes(s, results),
         f"- Canary one-run lower bound **{s['canary_eps_lower_bound']:.3f}** beside the "
         f"certified epsilon {s['certified_eps']:.3f} of that run.",
         f"- Wall time {s['wall_seconds'] / 60:.1f} min on 2 CPU cores"
@@ -238,6 +239,43 @@ def _perm(s: Mapping[str, Any], key: str) -> str:
                  f"{s[f'{key}_draws']} of at most {n} shuffles, stop at {h} >= observed; ")
     return (f", permutation p = {s[f'{key}_p']:.2g} ({drawn}null 95% "
             f"{_ci(s[f'{key}_null'], 3)})")
+
+
+_AUDITS = (("audit_leaky_auc", "leaky_mia", "the leaky run"),
+           ("audit_dp_auc", "private_mia", "the DP-GRPO run"),
+           ("audit_dp_leaky_auc", "dp_leaky_mia", "the leaky recipe under DP"))
+
+
+def _auc_side_notes(s: Mapping[str, Any], results: Mapping[str, Any]) -> str:
+    """A sentence for every DIBA AUC whose bootstrap interval excludes 0.5, on either side
+    (issue 58): above, what it shows against the certificate's ceiling; below, what an AUC
+    under 0.5 can mean and which test decides."""
+    notes = []
+    for key, record, what in _AUDITS:
+        if key not in s:
+            continue
+        auc, (low, high) = s[key], s[f"{key}_ci"]
+        test = (results.get(record) or {}).get("permutation") or {}
+        two = test.get("p_value_two_sided")
+        p2 = "" if two is None else f" (two-sided permutation p = {two:.2g})"
+        if low > 0.5:
+            ceiling = s.get(f"{key}_ceiling")
+            notes.append(
+                f" On {what} the AUC's interval lies above 0.5{p2}: the attack separates members"
+                + ("" if ceiling is None else
+                   f"; the certificate allows at most {ceiling:.3f}, and an AUC above that "
+                   "would be a bug") + ".")
+        elif high < 0.5:
+            notes.append(
+                f" On {what} the AUC's interval lies wholly below 0.5{p2}: the scores separate "
+                f"members from non-members the other way round (flipped, AUC {1 - auc:.3f}). "
+                "That is a signal, not a null result: either leakage that lowers members' DIBA "
+                "scores, or members and non-members that are not exchangeable (a fixed split of "
+                "the training file is not a random one). The bootstrap interval leaves out the "
+                "classifier's fitting, whose cross-validated AUC sits below 0.5 without signal "
+                "on a few dozen candidates (the permutation null's mean), so the two-sided "
+                "permutation p-value, not the interval, is the test of either direction.")
+    return "".join(notes)
 
 
 def _sequential_note(s: Mapping[str, Any]) -> str:
@@ -385,10 +423,28 @@ def _whitebox_sentence(w: Mapping[str, Any]) -> str:
             f"Gaussian fit mu {w['whitebox_fit']['mu']:.3f} (certificate: "
             f"{w['analytic']['statistic_mu']:.3f}), certified epsilon "
             f"{w['certified_epsilon']:.3f}.")
+    f = w.get("fdp_bound")
+    if f:                                # audits recorded since issue 58
+        text += (f" The f-DP one-run bound (the {f['r']} most confident guesses, {f['u']} wrong, "
+                 f"tested against the certified mechanism's trade-off family): "
+                 f"{'at least ' if f.get('capped') else ''}{f['epsilon_lower_bound']:.3f} at "
+                 f"delta' against the certificate's "
+                 f"{a.get('certified_epsilon_at_bound_delta', float('nan')):.3f} "
+                 f"({f['epsilon_at_run_delta']:.3f} at the run's delta against "
+                 f"{w['certified_epsilon']:.3f}); the certified curve's p = "
+                 f"{f['p_certified']:.2g}.")
+    ind = w.get("independence")
+    if ind:
+        text += (" The rounds' noises: " + ("correlated, flagged by " + ", ".join(
+            ind["flagged_by"]) if ind.get("flagged_by") else "independent (max |z| "
+            f"{ind['consecutive_max_z']:.2f} between consecutive rounds)") + ".")
     if cal:
         text += (f" At q = 1 the measured mu is {cal['mu']:.3f} against the certified "
                  f"{cal['mu_certified']:.3f} and the noise scale {cal['noise_scale']:.3f}: "
                  f"{'FLAGGED' if cal['flagged'] else 'passed'}.")
+    if "flagged_by" in w:
+        text += (" Verdict: " + ("FLAGGED by " + ", ".join(w["flagged_by"])
+                                 if w["flagged_by"] else "passed") + ".")
     return text
 
 

@@ -96,6 +96,29 @@ def _nonfinite() -> float:
     return max(float((out[k] - recs[k][0]).abs().max()) for k in recs)
 
 
+def noise_round_independence(rounds: int = 8, coordinates: int = 1 << 15) -> dict:
+    """The rounds' noise through the real mechanism (an empty batch: each round's update is its
+    noise alone, OS entropy): :func:`dpgrpo.audit.independence.round_independence` over the
+    ``rounds`` noise vectors, read as ``coordinates`` excluded canaries each."""
+    from dpgrpo.audit.independence import round_independence
+
+    source, empty = NoiseSource(), {"w": torch.zeros((0, coordinates), dtype=torch.float64)}
+    noise = np.stack([_named(privatize(empty, clip_norm=1.0, noise_multiplier=1.0,
+                                       expected_batch=1.0, noise=source).update)["w"].numpy()
+                      for _ in range(rounds)])
+    return round_independence(noise, np.zeros(coordinates, dtype=bool)).to_dict()
+
+
+@check("noise_independent_across_rounds", tolerance=1e-6, comparison=">",
+       detail="smallest p-value (times 3, Bonferroni) of three statistics of the correlation "
+              "between 8 rounds' noise vectors (2^15 coordinates each, an empty batch through "
+              "privatize, OS entropy): max |Fisher z| of consecutive rounds, of any two rounds, "
+              "and the mean z of consecutive rounds; a round key reused gives 0")
+def _noise_rounds() -> float:
+    ind = noise_round_independence()
+    return min(1.0, 3.0 * min(ind["p_values"].values()))
+
+
 def _influential_key_bits(key: bytes, base: torch.Tensor) -> int:
     """How many single-bit flips of ``key`` change the noise drawn from it."""
     changed = 0
@@ -206,7 +229,7 @@ AUDIT_PRESET: _AuditPreset = {"sigma": 0.344, "clip_norm": 0.055, "rounds": 12, 
 
 
 def audit_verdict_errors(mechanism: str = "correct") -> int:
-    """Wrong verdicts of the white-box audit over the real mechanism and the four broken ones:
+    """Wrong verdicts of the white-box audit over the real mechanism and the six broken ones:
     ``mechanism`` should pass and each broken one be flagged. Passing a broken name as
     ``mechanism`` (what a bug in privatize would look like) makes the check fail."""
     from dpgrpo.audit.mechanism_audit import detection
@@ -224,9 +247,10 @@ def audit_verdict_errors(mechanism: str = "correct") -> int:
 @check("audit_detects_broken_mechanism", tolerance=0.0,
        detail="wrong verdicts of the white-box gradient-canary audit at q = 1 (1,000 canaries, "
               "sigma 0.344, T 12): the real mechanism must pass (measured mu within 5% of "
-              "sqrt(T)/sigma, noise scale within 5%) and sigma/2, no clipping (canaries of norm "
-              "10 C), noise on half the coordinates and the realized-batch denominator must "
-              "each be flagged; OS entropy")
+              "sqrt(T)/sigma, noise scale within 5%, rounds' noises uncorrelated) and sigma/2, "
+              "no clipping (canaries of norm 10 C), noise on half the coordinates, the "
+              "realized-batch denominator, noise per prompt and one noise vector reused every "
+              "round must each be flagged; OS entropy")
 def _audit_detects_broken() -> float:
     return float(audit_verdict_errors())
 
