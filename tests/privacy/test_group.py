@@ -95,7 +95,7 @@ def test_figures_are_labelled():
 
 
 def test_swap_chain_is_valid_and_no_better_than_the_accountant():
-    from dpgrpo.privacy import accounting as figures   # Corollary 1 on the group curve
+    from dpgrpo.privacy import accounting as figures  # Corollary 1 on the group curve
 
     events, delta = [RoundEvent(0.02, 1.0, 30)], 1e-5
     chained = figures._replace_group_epsilon(events, delta, 1, 1e-4)  # the generic route, k = 1

@@ -94,7 +94,7 @@ def test_masks_come_from_the_prompts_seed_not_from_torchs_global_generator(polic
     model, _ = policy
     for seed in (31, 32):
         zeros: list[torch.Tensor] = []
-        handles = [m.register_forward_hook(lambda _m, _a, out: zeros.append(out == 0))
+        handles = [m.register_forward_hook(lambda _m, _a, out, zeros=zeros: zeros.append(out == 0))
                    for m in _lora_dropouts(model)]
         try:
             _generate(policy, MSGS[:1], [seed], dropout=True)
