@@ -37,13 +37,16 @@ def _commands(group, prefix=()):
 def test_train_without_a_terminal_prints_loading_and_a_line_per_round(tiny_model_dir, tmp_path,
                                                                       no_terminal):
     sets = [f"model.name={tiny_model_dir}", "model.device=cpu", "data.limit=40",
-            "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.group_size=2",
+            "privacy.expected_batch=4", "train.group_size=2",
             "train.max_new_tokens=4", "train.rounds=2", "train.public_timings=true"]
     args = ["train", *[x for s in sets for x in ("--set", s)], "-o", str(tmp_path / "run")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     err = result.stderr
-    assert "loading the model" in err and "calibrating sigma" in err
+    phases = [line for line in err.splitlines() if line.endswith(" ...")]
+    assert [p.split(" ")[0] for p in phases] == ["reading", "calibrating", "loading"]  # in order
+    assert phases[1] == "calibrating sigma to epsilon 8 ..." and str(tiny_model_dir) in phases[2]
+    assert err.index(phases[2]) < err.index("round 1/2")   # each phase named before round 1
     lines = [line for line in err.splitlines() if line.startswith("round ")]
     assert [line.split(",")[0] for line in lines] == ["round 1/2", "round 2/2"]
     assert all("epsilon spent <= " in line and "elapsed " in line for line in lines)

@@ -22,10 +22,12 @@ bar's clock does on a terminal, and stay on the user's stderr (nothing is stored
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable, TextIO
 
 import typer
@@ -65,6 +67,27 @@ def interrupted_said() -> bool:
 def say(message: str) -> None:
     """One plain line on stderr."""
     typer.echo(message, err=True)
+
+
+@contextlib.contextmanager
+def phase_lines() -> Iterator[None]:
+    """Print the trainer's phase lines (logger ``dpgrpo.progress``: reading the data,
+    calibrating sigma, loading the model) as plain lines on stderr while the block runs."""
+    import logging
+
+    class _Say(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            say(f"{record.getMessage()} ...")
+
+    logger, handler = logging.getLogger("dpgrpo.progress"), _Say(logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def duration(seconds: float) -> str:

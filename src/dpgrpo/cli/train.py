@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -68,12 +69,10 @@ def train_cmd(
         from dpgrpo.cli._progress import say
 
         say(f"resuming {run_dir}: loading the model and the checkpoint (the next round follows)"
-            if cfg is None else
-            f"loading the model {cfg.model.name}, reading the data and calibrating sigma "
-            "(the first round follows)")
+            if cfg is None else "setting up (the first round follows)")
     timings = show_private or (cfg is not None and cfg.train.public_timings)
     try:
-        with _progress(quiet, total, timings=timings) as on_round:
+        with _phase_lines(quiet), _progress(quiet, total, timings=timings) as on_round:
             result = train(cfg, run_dir, resume=resume is not None, progress=on_round,
                            show_private=show_private)
     except KeyboardInterrupt:
@@ -89,6 +88,14 @@ def train_cmd(
     status = "releasable" if cert.get("releasable") else f"NOT releasable ({cert.get('not_releasable_because')})"
     typer.echo(f"release: {result.release_dir}  (epsilon={cert.get('epsilon'):.4g}, "
                f"delta={cert.get('delta'):.3g}, {status}; {result.steps_skipped} steps skipped)")
+
+
+def _phase_lines(quiet: bool) -> contextlib.AbstractContextManager[None]:
+    """The trainer's phase lines on stderr (reading the data, calibrating sigma, loading the
+    model), unless quiet."""
+    from dpgrpo.cli._progress import phase_lines
+
+    return contextlib.nullcontext() if quiet else phase_lines()
 
 
 def _check_inputs(cfg) -> None:

@@ -34,6 +34,9 @@ from dpgrpo.training.distributed import DistContext, barrier, broadcast_object, 
 from dpgrpo.training.grads import trainable_parameters
 
 log = logging.getLogger(__name__)
+#: the slow phases before round 1, one INFO line each (public values only: the task's and the
+#: model's configured names); the CLI prints them (``cli/_progress.phase_lines``)
+phases = logging.getLogger("dpgrpo.progress")
 
 @dataclass
 class RunState:
@@ -209,7 +212,10 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     ctx = ctx or DistContext()
     run_dir.mkdir(parents=True, exist_ok=True)
     task = get_task(config.data.task)
+    phases.info("reading the data (task %s)", config.data.task)
     slots, count = _slots(config, task, run_dir, ctx)
+    if config.private and config.privacy.noise_multiplier is None:
+        phases.info("calibrating sigma to epsilon %g", config.privacy.epsilon)
     public = public_constants(config, count.n, refuse_weak_delta=True)
     n, q, delta, sigma = public.n, public.q, public.delta, public.sigma
     p, rounds = config.privacy, public.rounds
@@ -227,6 +233,7 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     torch.manual_seed(init_seed)
     m = config.model
     lora = LoraSettings.from_config(m)
+    phases.info("loading the model %s", m.name)
     policy = load_policy(m.name, lora=lora, dtype=m.dtype, device=device)
     init_sha = adapter_digest(m.init_adapter) if m.init_adapter is not None else None
     if m.gradient_checkpointing:
