@@ -38,7 +38,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import dp_accounting as dpa
 import numpy as np
@@ -223,12 +223,12 @@ class PrivacyLedger:
         """The RDP cross-check at ``delta`` and its minimizing order."""
         return _rdp_epsilon(self.events, delta)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"neighbouring_relation": NEIGHBOURING_RELATION,
                 "events": [asdict(e) for e in self.events]}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PrivacyLedger":
+    def from_dict(cls, data: dict[str, Any]) -> "PrivacyLedger":
         relation = data.get("neighbouring_relation", NEIGHBOURING_RELATION)
         if relation != NEIGHBOURING_RELATION:
             raise PrivacyBudgetError(f"unsupported neighbouring relation {relation!r}")

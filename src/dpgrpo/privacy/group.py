@@ -67,7 +67,7 @@ class _VectorizedMixtureLoss(plm.MixtureGaussianPrivacyLoss):
         sign = 1.0 if self.adjacency_type == plm.AdjacencyType.ADD else -1.0
         terms = [const + sign * (sens * x / self._variance)
                  for const, sens in zip(self._precompute_privacy_loss_constants, self.sensitivities)]
-        out = functools.reduce(np.logaddexp, terms)
+        out: np.ndarray = functools.reduce(np.logaddexp, terms)
         return -out if sign > 0 else out
 
     def _inverse_privacy_losses_with_range(self, privacy_losses: np.ndarray,

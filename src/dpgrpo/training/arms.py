@@ -149,7 +149,7 @@ def _prompt_rewards(task: Any, problem: Any, rollouts: Any, i: int) -> list[floa
     group = getattr(task, "group_rewards", None)
     if group is None:
         return [task.reward(text, problem) for text in texts]
-    return group(texts, problem, completion_ids(rollouts, i))
+    return cast(list[float], group(texts, problem, completion_ids(rollouts, i)))
 
 
 def _info(rollouts: Any, rewards: torch.Tensor) -> dict[str, float]:

@@ -57,7 +57,8 @@ class _RecordingDropout(torch.nn.Module):
             return x
         mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - self.p)
         self.record(mask)
-        return _MaskedScale.apply(x, mask, 1.0 / (1.0 - self.p) if self.scaled else 1.0)
+        return cast(torch.Tensor, _MaskedScale.apply(x, mask,
+                                                    1.0 / (1.0 - self.p) if self.scaled else 1.0))
 
 
 def _is_lora_layer(module: torch.nn.Module) -> bool:
