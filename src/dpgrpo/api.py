@@ -136,7 +136,7 @@ def prepare(config: RunConfig | str | Path | Mapping[str, Any] | None = None, *,
     if isinstance(task, VerifiedTask):  # refuse a private list's length before any work
         from dpgrpo.tasks.custom import check_public_n
 
-        check_public_n(task, cfg.data.n_slots, cfg.data.limit)
+        check_public_n(task, cfg.data.n_slots, cfg.data.capacity)
     return cfg
 
 

@@ -94,7 +94,8 @@ def read_run(run_dir: str | Path) -> RunInfo:
                    config, cert.get("ledger"))
 
 
-_SPLIT_SPEC = re.compile(r"^(?P<task>[\w.-]+):(?P<split>[\w.-]+)(\[(?P<a>\d*):(?P<b>\d*)\])?$")
+_SPLIT_SPEC = re.compile(r"^(?P<task>[\w.-]+):(?P<split>[\w.-]+)"
+                         r"(\[((?P<a>\d*):(?P<b>\d*)|(?P<list>\d+(,\d+)*))\])?$")
 
 
 def _problem(row: dict, path: str, line: int) -> Problem:
@@ -113,7 +114,8 @@ def read_candidates(spec: str | Path, *, data_dir: str | Path | None = None
 
     A JSONL file has one problem per line (``id``, ``question``, ``answer``, optional ``task``,
     ``solution``, ``choices``). A split spec ``TASK:SPLIT`` or ``TASK:SPLIT[a:b]`` loads that
-    task split (from ``data_dir``) and keeps problems a..b-1.
+    task split (from ``data_dir``) and keeps problems a..b-1; ``TASK:SPLIT[i,j,...]`` keeps the
+    problems at those 0-based positions, in that order (as ``data.indices`` counts them).
     """
     path = Path(spec)
     if path.is_file():
@@ -127,10 +129,18 @@ def read_candidates(spec: str | Path, *, data_dir: str | Path | None = None
         return out
     match = _SPLIT_SPEC.match(str(spec))
     if match is None:
-        raise ConfigError(f"{spec} is neither a JSONL file nor a TASK:SPLIT[a:b] spec")
+        raise ConfigError(f"{spec} is neither a JSONL file nor a TASK:SPLIT[a:b] or "
+                          "TASK:SPLIT[i,j,...] spec")
     from dpgrpo.tasks import load_problems
 
     problems = load_problems(match["task"], match["split"], data_dir)
+    if match["list"]:
+        idx = [int(i) for i in match["list"].split(",")]
+        past = [i for i in idx if i >= len(problems)]
+        if past or len(set(idx)) != len(idx):
+            raise ConfigError(f"{spec}: positions must be distinct and below the split's "
+                              f"{len(problems)} problems" + (f" (got {past[:5]})" if past else ""))
+        return [(problems[i], match["task"]) for i in idx]
     a = int(match["a"]) if match["a"] else None
     b = int(match["b"]) if match["b"] else None
     return [(p, match["task"]) for p in problems[a:b]]

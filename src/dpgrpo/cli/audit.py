@@ -44,9 +44,11 @@ def _settings(samples: int, temperature: float, max_new_tokens: int | None, batc
 def mia(
     run: Path = typer.Option(..., "--run", help="Run directory (with release/)."),
     members: str = typer.Option(..., "--members",
-                                help="Members: JSONL file or TASK:SPLIT\\[a:b]."),
+                                help="Members: JSONL file, TASK:SPLIT\\[a:b] or "
+                                     "TASK:SPLIT\\[i,j,...]."),
     nonmembers: str = typer.Option(..., "--nonmembers",
-                                   help="Non-members: JSONL file or TASK:SPLIT\\[a:b]."),
+                                   help="Non-members: JSONL file, TASK:SPLIT\\[a:b] or "
+                                        "TASK:SPLIT\\[i,j,...]."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (not inside a release)."),
     task: str | None = _TASK,
     data_dir: Path | None = typer.Option(None, "--data-dir",

@@ -98,7 +98,9 @@ class StudySettings:
     """``[study]``: what ``dpgrpo study`` trains and attacks beside the protocol (public
     choices, fixed up front). Its override tables are ``"section.key" = value`` pairs."""
 
-    members: int = 32  # audit members: train[0:members]; as many held-out non-members follow
+    # audit members: `members` of train[0:2 members] drawn at random with OS entropy (the
+    # audited runs' data.indices), the rest the non-members; recorded in <out>/audit/split.json
+    members: int = 32
     audit_samples: int = 8  # DIBA responses per prompt and model
     audit_temperature: float = 0.5  # sampling temperature of the audit's responses
     audit_max_new_tokens: int | None = None  # default: the task's completion cap

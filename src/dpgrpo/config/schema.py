@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
 from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, LossType, ScaleRewards, refuse
@@ -138,9 +138,15 @@ class DataConfig:
     # is also a public capacity, n = limit (+ canaries) unless n_slots is set. Refused with
     # privacy_unit = "contributor" (truncation would couple contributors; issue 32).
     limit: int | None = None
+    # Public pre-processing: train on these problems of the split (0-based positions among its
+    # valid problems, as `dpgrpo audit mia`'s TASK:SPLIT[i,j,...] counts them), in this order; a
+    # public capacity like `limit` (n = len(indices) + canaries unless n_slots is set). The
+    # study sets it to its randomly drawn audit members (issue 58). Not with `limit`.
+    indices: tuple[int, ...] | None = None
     skip_invalid: bool = False  # skip invalid records instead of stopping; n does not shrink
-    # Public n. Default: data.limit (+ canaries), else the split's size (the embedded task's, or
-    # the source file's raw row count with invalid rows as absent slots) (+ canaries).
+    # Public n. Default: data.limit or len(data.indices) (+ canaries), else the split's size
+    # (the embedded task's, or the source file's raw row count with invalid rows as absent
+    # slots) (+ canaries).
     # Required with privacy_unit = "contributor" (the contributor count is private; issue 32).
     n_slots: int | None = None
     # The unit of privacy (dpgrpo.privacy.contributors): "prompt" (one problem with its
@@ -156,6 +162,8 @@ class DataConfig:
         check_choices(self, "data")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"data.limit must be >= 1, got {self.limit}")
+        if self.indices is not None:
+            self._check_indices()
         if self.n_slots is not None and self.n_slots < 1:
             raise ConfigError(f"data.n_slots must be >= 1, got {self.n_slots}")
         if self.per_contributor < 1:
@@ -176,6 +184,47 @@ class DataConfig:
         if self.contributors is not None and self.privacy_unit != "contributor":
             raise ConfigError("data.contributors maps problems to contributors for "
                               "data.privacy_unit = 'contributor'; set that too, or remove it")
+
+    def _check_indices(self) -> None:
+        idx = tuple(self.indices or ())
+        if not idx:
+            raise ConfigError("data.indices = [] trains on no problem: list the 0-based "
+                              "positions of the split's problems to train on, or remove the key")
+        bad = [i for i in idx if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+        if bad:
+            raise ConfigError(f"data.indices must be integers >= 0 (0-based positions in the "
+                              f"split), got {bad[0]!r} among {list(idx)}")
+        if len(set(idx)) != len(idx):
+            from collections import Counter
+
+            dup = sorted(i for i, c in Counter(idx).items() if c > 1)
+            raise ConfigError(f"data.indices has duplicates: {dup} (each problem fills one slot)")
+        if self.limit is not None:
+            raise ConfigError(f"data.indices and data.limit = {self.limit} both choose the "
+                              "problems trained on: give one of them")
+        if self.privacy_unit == "contributor":
+            raise ConfigError("data.indices with data.privacy_unit = 'contributor': choosing "
+                              "problems before grouping them couples contributors (as "
+                              "data.limit would); give only the problems to train on")
+        object.__setattr__(self, "indices", idx)
+
+    @property
+    def capacity(self) -> int | None:
+        """The public capacity the problems were chosen by: len(indices), else limit."""
+        return len(self.indices) if self.indices is not None else self.limit
+
+    def select(self, problems: Sequence[Any]) -> list[Any]:
+        """The problems a prompt-level run trains on: ``problems[i]`` for each of
+        ``data.indices`` (an index past the split is refused, naming the key), else the first
+        ``data.limit``, else all."""
+        if self.indices is not None:
+            past = [i for i in self.indices if i >= len(problems)]
+            if past:
+                raise ConfigError(f"data.indices lists {past[:5]} but split {self.split!r} of "
+                                  f"{self.task!r} has {len(problems)} valid problems "
+                                  f"(positions 0..{len(problems) - 1})")
+            return [problems[i] for i in self.indices]
+        return list(problems[:self.limit] if self.limit is not None else problems)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ task and SmolLM2-135M:
    zero-advantage control at the same (n, q, sigma, T, C), each evaluated greedily on the eval
    split, with the comparison report (paired problem-cluster bootstrap, exact McNemar with
    Holm, MDE) and its figures;
-2. a deliberately leaky non-private run on ``members`` training problems seen many times, and
+2. a deliberately leaky non-private run on ``members`` training problems seen many times (drawn
+   at random from the first ``2 members`` and recorded in ``audit/split.json``), and
    the DIBA audit (with the classic baselines) of those members against as many held-out
    problems of the same split;
 3. with ``dp_leaky = true``, the same audit of the leaky recipe made private: its arm's
@@ -36,7 +37,8 @@ a final pass collects the results. The wall time is the union of the steps' time
 The ``[study]`` table of the config (stripped before the run config is built) sets::
 
     [study]
-    members = 32                        # audit members: train[0:32]; non-members: train[32:64]
+    members = 32                        # audit members: 32 of train[0:64] drawn at random
+                                        # (OS entropy; audit/split.json), the rest non-members
     audit_samples = 8                   # DIBA responses per prompt and model
     audit_temperature = 0.5
     sweep = [32.0, 128.0]               # epsilons of --sweep
@@ -70,6 +72,7 @@ from dpgrpo.config.loading import load_protocol_table, load_study_table, split_t
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.experiments.study_pool import run_in_workers
 from dpgrpo.experiments.study_steps import (
+    SPLIT_JSON,
     SWEEP_STEP,
     WARM_START,
     Say,
@@ -77,9 +80,12 @@ from dpgrpo.experiments.study_steps import (
     base_samples_path,
     canary_audit,
     draw_base_samples,
+    draw_split,
     mia_audit,
     override_list,
     permutation_audit,
+    read_split,
+    split_overrides,
     sweep_point,
     sweep_task,
     train_once,
@@ -126,11 +132,29 @@ class _Study:
 
     @property
     def leaky(self) -> RunConfig:
-        return apply_overrides(self.config, override_list(self.settings.leaky))
+        return self._audited_config(self.settings.leaky)
 
     @property
     def private(self) -> RunConfig:
-        return apply_overrides(self.config, override_list(self.settings.private_audit))
+        return self._audited_config(self.settings.private_audit)
+
+    def _audited_config(self, table: Mapping[str, Any]) -> RunConfig:
+        """An audited run's config: its table's overrides, trained on the recorded split's
+        members only (``data.indices``; :func:`draw_split`, done first by :func:`run_study`)."""
+        split = read_split(self.audit(SPLIT_JSON))
+        return apply_overrides(self.config, override_list(table) + split_overrides(split))
+
+    def draw_split(self) -> dict[str, Any]:
+        """Draw (once) the audits' member/non-member split from the first ``2 members``
+        problems of the audited runs' split, recorded in ``audit/split.json``."""
+        pools = {(c.data.task, c.data.split, c.data.data_dir, c.data.source) for c in (
+            apply_overrides(self.config, override_list(t))
+            for t in (self.settings.leaky, self.settings.private_audit))}
+        if len(pools) != 1:
+            raise ConfigError("study.leaky and study.private_audit must train on the same "
+                              "task, split and data (the audits share one member split)")
+        pool = apply_overrides(self.config, override_list(self.settings.leaky))
+        return draw_split(self.audit(SPLIT_JSON), self.settings.members, pool)
 
     @property
     def warm_start(self) -> RunConfig:
@@ -388,6 +412,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
     st = _Study.load(config_path, out_dir, overrides)
     settings, plan, out = st.settings, st.plan, st.out
     with RunLock(out / "steps", what="study folder"):
+        st.draw_split()          # before any worker builds an audited run's config
         _run_tasks(st, overrides, sweep, say, verbose)
         steps = Steps(say, out / "steps.json",
                       others=sorted((out / "steps").glob("*.json")))
@@ -417,6 +442,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
         "plan": plan.to_dict(), "protocol_results": jsonable(protocol.summaries),
         "report": report, "leaky_mia": leaky, "dp_leaky_mia": dp_leaky_mia, "private_mia": private,
         "canary": canary, "whitebox": whitebox, "warm_start": warm,
+        "audit_split": read_split(st.audit(SPLIT_JSON)),   # the DIBA audits' members, drawn
         "private_audit_certificate": dp_cert, "dp_certificate": cert, "sweep": sweeps,
         "settings": {k: (dict(v) if isinstance(v, Mapping) else v)
                      for k, v in settings.__dict__.items()},

@@ -20,13 +20,15 @@ from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
 from dpgrpo.config.experiments import StudySettings
 from dpgrpo.config.loading import override_text
-from dpgrpo.errors import PrivacyError
+from dpgrpo.errors import ConfigError, DataError, PrivacyError
 from dpgrpo.privacy.planning import noise_to_signal
 from dpgrpo.training.runtime import PeakRSS
 
 Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
 SWEEP_STEP = "sweep eps="          # the name of every sweep step starts so
+SPLIT_JSON = "split.json"          # the audit's member/non-member split, in <out>/audit/
+SPLIT_FORMAT = 1
 WARM_START = "warm-start"          # the public warm start's folder and arm label
 
 
@@ -126,10 +128,84 @@ def _sampling(settings: StudySettings) -> Any:
                             prompts_per_batch=settings.audit_prompts_per_batch)
 
 
-def _candidates(settings: StudySettings, config: RunConfig) -> tuple[str, str]:
-    """The audit's members ``train[0:k]`` and non-members ``train[k:2k]`` of the run's task."""
-    k, task = settings.members, config.data.task
-    return f"{task}:train[0:{k}]", f"{task}:train[{k}:{2 * k}]"
+def draw_split(path: Path, members: int, config: RunConfig) -> dict[str, Any]:
+    """The DIBA audits' member/non-member split, drawn once and recorded in ``path``.
+
+    The pool is the first ``2 members`` problems of ``config``'s split (public slots, chosen
+    before any data is seen); ``members`` of them, drawn uniformly at random with the operating
+    system's entropy (:func:`dpgrpo.privacy.sampling.read_entropy`), are the audited runs'
+    training problems (``data.indices``), the rest the non-members, so the two are exchangeable
+    before training. The record (positions and problem ids of both) is read back by
+    :func:`read_split` when it exists: a resumed study keeps its split.
+    """
+    import numpy as np
+
+    from dpgrpo.privacy import sampling
+    from dpgrpo.rundir.checkpoint import atomic_write_json
+    from dpgrpo.tasks import load_problems
+
+    if path.exists():
+        return read_split(path)
+    data, pool = config.data, 2 * members
+    problems = load_problems(data.task, data.split, data.data_dir, source=data.source)
+    if len(problems) < pool:
+        raise ConfigError(f"study.members = {members} needs a pool of {pool} problems; split "
+                          f"{data.split!r} of {data.task!r} has {len(problems)}")
+    rng = np.random.default_rng(int.from_bytes(sampling.read_entropy(32), "big"))
+    order = [int(i) for i in rng.permutation(pool)]
+    chosen, rest = sorted(order[:members]), sorted(order[members:])
+    record = {"format": SPLIT_FORMAT, "task": data.task, "split": data.split,
+              "pool": [0, pool], "entropy": "os.urandom",
+              "members": chosen, "nonmembers": rest,
+              "member_ids": [problems[i].id for i in chosen],
+              "nonmember_ids": [problems[i].id for i in rest]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, record)
+    return record
+
+
+def read_split(path: Path) -> dict[str, Any]:
+    """The split recorded by :func:`draw_split`, checked: members and non-members disjoint,
+    within the pool, one id per position (DataError naming the file otherwise)."""
+    if not path.exists():
+        raise ConfigError(f"{path}: the study's member/non-member split is not drawn yet "
+                          "(`dpgrpo study` draws it before the audited runs train)")
+    record = json.loads(path.read_text())
+    try:
+        mem, non = [int(i) for i in record["members"]], [int(i) for i in record["nonmembers"]]
+        lo, hi = record["pool"]
+        ok = (record.get("format") == SPLIT_FORMAT and mem and non
+              and not set(mem) & set(non) and len(set(mem)) == len(mem)
+              and len(set(non)) == len(non) and all(lo <= i < hi for i in mem + non)
+              and len(record["member_ids"]) == len(mem)
+              and len(record["nonmember_ids"]) == len(non))
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise DataError("not a valid member/non-member split (format 1: disjoint 'members' "
+                        "and 'nonmembers' positions in 'pool', with their ids)", path=str(path))
+    return dict(record)
+
+
+def split_overrides(record: Mapping[str, Any]) -> list[str]:
+    """The overrides that make an audited run train on the split's members only."""
+    return ["data.limit=none", "data.indices=" + ",".join(str(i) for i in record["members"])]
+
+
+def _candidates(audits: Path, config: RunConfig) -> tuple[str, str]:
+    """The audit's members and non-members of the run's task, as recorded in
+    ``audits/split.json`` (:func:`draw_split`): split specs ``TASK:SPLIT[i,j,...]``."""
+    record = read_split(audits / SPLIT_JSON)
+    if (record["task"], record["split"]) != (config.data.task, config.data.split):
+        raise ConfigError(f"{audits / SPLIT_JSON} was drawn from {record['task']!r} split "
+                          f"{record['split']!r}; this run trains on {config.data.task!r} split "
+                          f"{config.data.split!r}")
+    if tuple(record["members"]) != config.data.indices:
+        raise ConfigError(f"the audited run's data.indices are not the members recorded in "
+                          f"{audits / SPLIT_JSON}")
+    spec = f"{record['task']}:{record['split']}"
+    return (f"{spec}[{','.join(map(str, record['members']))}]",
+            f"{spec}[{','.join(map(str, record['nonmembers']))}]")
 
 
 def base_samples_path(audits: Path, config: RunConfig) -> Path:
@@ -145,15 +221,16 @@ def draw_base_samples(audits: Path, settings: StudySettings, config: RunConfig) 
     (:func:`dpgrpo.audit.pipeline.base_samples`); the number of candidates."""
     from dpgrpo.audit.pipeline import base_samples
 
-    members, nonmembers = _candidates(settings, config)
+    members, nonmembers = _candidates(audits, config)
     return len(base_samples(base_samples_path(audits, config), config.model.name, members,
                             nonmembers, data_dir=config.data.data_dir,
                             settings=_sampling(settings), seed=settings.audit_seed))
 
 
 def mia_audit(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
-    """DIBA and the baselines on the run's members ``train[0:k]`` against ``train[k:2k]``,
-    the base's samples read from (or drawn into) :func:`base_samples_path`."""
+    """DIBA and the baselines on the run's members against the non-members, both read from the
+    study's recorded split (:func:`draw_split`, ``out.parent / split.json``), the base's
+    samples read from (or drawn into) :func:`base_samples_path`."""
     from dpgrpo.audit.pipeline import run_mia
     from dpgrpo.audit.report import mia_summary, write_mia_report
 
@@ -164,7 +241,7 @@ def mia_audit(run_dir: Path, out: Path, settings: StudySettings, config: RunConf
 
             summary["certified_auc_ceiling"] = read_run(run_dir).auc_ceiling
         return summary
-    members, nonmembers = _candidates(settings, config)
+    members, nonmembers = _candidates(out.parent, config)
     outcome = run_mia(run_dir, members, nonmembers,
                       data_dir=config.data.data_dir, settings=_sampling(settings),
                       seed=settings.audit_seed, base_samples=base_samples_path(out.parent, config),
@@ -277,6 +354,7 @@ def sweep_point(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
 _train_once, _whitebox = train_once, whitebox_audit
 
 
-__all__ = ["STUDY_JSON", "STUDY_MD", "SWEEP_STEP", "WARM_START", "Say", "Steps", "StudySettings",
-           "canary_audit", "draw_base_samples", "mia_audit", "override_list", "permutation_audit",
-           "sweep_point", "sweep_task", "train_once", "whitebox_audit"]
+__all__ = ["SPLIT_JSON", "STUDY_JSON", "STUDY_MD", "SWEEP_STEP", "WARM_START", "Say", "Steps",
+           "StudySettings", "canary_audit", "draw_base_samples", "draw_split", "mia_audit",
+           "override_list", "permutation_audit", "read_split", "split_overrides", "sweep_point",
+           "sweep_task", "train_once", "whitebox_audit"]

@@ -81,8 +81,8 @@ def private_slots(config: RunConfig) -> int:
     data, k = config.data, config.audit.canaries
     if data.n_slots is not None:
         return data.n_slots
-    if data.limit is not None:
-        return data.limit + k
+    if data.capacity is not None:          # data.indices or data.limit
+        return data.capacity + k
     task = get_task(data.task)
     if task.needs_data_dir:
         raise ConfigError(f"tune fixes n without reading the private data: task {data.task!r} "

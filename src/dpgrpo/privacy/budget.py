@@ -29,7 +29,7 @@ from dpgrpo.privacy.sampling import SlotCount, public_slot_count
 class PublicSlots:
     """What fixes n: the split's records in slot order (before the canaries) and the count."""
 
-    problems: list[Any]               # prompt level: the first valid problems (data.limit)
+    problems: list[Any]               # prompt level: data.indices, or the first data.limit
     contributors: list[Any] | None    # contributor level: contributor slots, absent ones None
     count: SlotCount                  # n (canaries included) and the rule that fixed it
     skipped: int                      # invalid records (private: logged at debug level only)
@@ -46,7 +46,7 @@ def public_slots(config: RunConfig, task: Any = None) -> PublicSlots:
 
     data = config.data
     task = get_task(data.task) if task is None else task
-    check_public_n(task, data.n_slots, data.limit)  # a private list's length is not public
+    check_public_n(task, data.n_slots, data.capacity)  # a private list's length is not public
     loaded = load_split(task, data.split, data.data_dir, source=data.source,
                         skip_invalid=data.skip_invalid)
     if not loaded.problems and loaded.skipped:  # a run on no data at all would still "release"
@@ -60,10 +60,12 @@ def public_slots(config: RunConfig, task: Any = None) -> PublicSlots:
     if data.privacy_unit == CONTRIBUTOR:  # the record is a contributor (privacy/contributors.py)
         contributors, count = contributor_slots(data, task, loaded, k)
         return PublicSlots([], contributors, count, len(loaded.skipped))
-    problems = loaded.problems[:data.limit] if data.limit is not None else loaded.problems
-    count = public_slot_count(n_slots=data.n_slots, limit=data.limit, problems=len(problems),
+    problems = data.select(loaded.problems)      # data.indices, else the first data.limit
+    count = public_slot_count(n_slots=data.n_slots, limit=data.capacity, problems=len(problems),
                               source_rows=len(loaded.problems) + len(loaded.skipped),
                               canaries=k, embedded=not task.needs_data_dir)
+    if data.indices is not None and count.source == "data.limit":
+        count = SlotCount(count.n, "data.indices", count.records)
     return PublicSlots(list(problems), None, count, len(loaded.skipped))
 
 

@@ -124,15 +124,16 @@ def check_disjoint(public: Sequence[str], private: Sequence[str], *, what: str, 
 
 def training_questions(config: Any) -> list[str]:
     """The questions a run of ``config`` trains on: its split (invalid records skipped as the
-    run skips them), the first ``data.limit`` at prompt level, the whole split otherwise."""
+    run skips them), ``data.indices`` or the first ``data.limit`` at prompt level, the whole
+    split otherwise."""
     from dpgrpo.tasks import load_split
 
     data = config.data
     loaded = load_split(data.task, data.split, data.data_dir, source=data.source,
                         skip_invalid=data.skip_invalid)
     problems = loaded.problems
-    if data.limit is not None and data.privacy_unit == "prompt":
-        problems = problems[:data.limit]
+    if data.privacy_unit == "prompt":
+        problems = data.select(problems)
     return [p.question for p in problems]
 
 

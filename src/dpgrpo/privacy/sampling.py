@@ -29,6 +29,8 @@ N_SOURCES = {
     "data.n_slots": "data.n_slots: the public number of slots set in the configuration",
     "data.limit": ("data.limit (+ canaries): a public capacity; the first `limit` valid records "
                    "of the split fill the slots, and slots left over are absent records"),
+    "data.indices": ("data.indices (+ canaries): a public capacity; the split's valid problems "
+                     "at these positions fill the slots"),
     "embedded task": ("the embedded task's size (+ canaries): generated from a public seed, "
                       "so the count is public by construction"),
     "source rows": ("the raw row count of the source file (+ canaries), invalid rows counted "

@@ -367,11 +367,19 @@ def _audit_table(results: Mapping[str, Any]) -> str:
             "certificate |", "| --- | --- | ---: | --- | ---: | ---: |"]
     runs = (("leaky non-private", "leaky_mia"), ("leaky recipe under DP", "dp_leaky_mia"),
             ("DP-GRPO", "private_mia"))
-    leaky = results["leaky_mia"]
+    leaky, split = results["leaky_mia"], results.get("audit_split")
     k = leaky["n_members"]
-    rows[:0] = [f"Members: `{leaky['task']}` train[0:{k}]; non-members: train[{k}:"
-                f"{k + leaky['n_nonmembers']}] (the config's `[study.leaky]` and "
-                "`[study.private_audit]` say how each audited run trained).", ""]
+    if split:           # drawn at random (issue 58): the page names the draw, the json its ids
+        pool = split["pool"]
+        drawn = (f"Members: {k} of `{split['task']}` {split['split']}[{pool[0]}:{pool[1]}] drawn "
+                 f"at random with {split['entropy']}; non-members: the other "
+                 f"{leaky['n_nonmembers']} (positions and ids in cpu-study.json, "
+                 "`details.audit_split`)")
+    else:               # a study recorded before the split was drawn
+        drawn = (f"Members: `{leaky['task']}` train[0:{k}]; non-members: train[{k}:"
+                 f"{k + leaky['n_nonmembers']}]")
+    rows[:0] = [drawn + " (the config's `[study.leaky]` and `[study.private_audit]` say how "
+                "each audited run trained).", ""]
     for label, key in runs:
         mia = results.get(key)
         if not mia:
