@@ -84,7 +84,7 @@ class PublicConstants:
 
 
 def public_constants(config: RunConfig, n: int, *, refuse_weak_delta: bool = False,
-                     cache: dict[tuple, Any] | None = None) -> PublicConstants:
+                     cache: dict[tuple[object, ...], Any] | None = None) -> PublicConstants:
     """n, m, q, delta, sigma and C of a run of ``config`` over ``n`` public slots.
 
     ``refuse_weak_delta`` (the trainer): a private unseeded run needs delta < 1/n
@@ -117,7 +117,7 @@ def public_constants(config: RunConfig, n: int, *, refuse_weak_delta: bool = Fal
 
 
 def _calibrated_sigma(n: int, m: float, rounds: int, epsilon: float, delta: float,
-                      cache: dict[tuple, Any] | None) -> float:
+                      cache: dict[tuple[object, ...], Any] | None) -> float:
     """The smallest sigma whose PLD epsilon meets ``epsilon`` (privacy.calibration)."""
     from dpgrpo.privacy import calibration
 
@@ -129,7 +129,7 @@ def _calibrated_sigma(n: int, m: float, rounds: int, epsilon: float, delta: floa
     except PrivacyBudgetError as err:
         raise ConfigError(f"privacy.epsilon = {epsilon} is unreachable with n = {n}, "
                           f"m = {m}, T = {rounds}: {err}") from None
-    return cache[key].sigma
+    return float(cache[key].sigma)
 
 
 __all__ = ["PublicConstants", "PublicSlots", "public_constants", "public_slots"]
