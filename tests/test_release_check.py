@@ -266,3 +266,27 @@ def test_the_hub_id_suggests_the_offline_alias(monkeypatch):
         check_hub_reachable("HuggingFaceTB/SmolLM2-135M-Instruct")
     with pytest.raises(ConfigError, match="give the path of a model folder"):
         check_hub_reachable("someone/some-model")
+
+
+def test_the_public_config_withholds_which_problems_were_trained_on(run_dir, tmp_path):
+    from dpgrpo.release import write
+    from dpgrpo.release.files import run_config
+
+    config = {"data": {"task": "gsm8k", "indices": [40, 3, 17]}, "model": {"name": "smollm2-135m"}}
+    out = write.public_config(config)
+    assert out["data"] == {"task": "gsm8k", "indices": "withheld: 3 chosen problems"}
+    assert config["data"]["indices"] == [40, 3, 17]            # the caller's dict is untouched
+    # on the training machine the run reads the list back from recovery/; a release alone cannot
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    public = json.loads((run / "release" / "dpgrpo_config.json").read_text())
+    full = json.loads((run / "recovery" / "config.json").read_text())
+    public["data"]["indices"] = "withheld: 3 chosen problems"
+    full["data"]["indices"] = [40, 3, 17]
+    (run / "release" / "dpgrpo_config.json").write_text(json.dumps(public))
+    (run / "recovery" / "config.json").write_text(json.dumps(full))
+    assert run_config(run)["data"]["indices"] == [40, 3, 17]
+    assert run_config(run / "release")["data"]["indices"] == [40, 3, 17]  # recovery/ beside it
+    alone = tmp_path / "alone"
+    shutil.copytree(run / "release", alone)
+    assert run_config(alone)["data"]["indices"] == "withheld: 3 chosen problems"

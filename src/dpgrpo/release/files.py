@@ -29,6 +29,9 @@ _REQUIRED = object()
 #: never the path; :func:`run_config` reads the path back from ``recovery/`` on that machine.
 MACHINE_FIELDS = (("model", "name"), ("model", "init_adapter"), ("data", "data_dir"),
                   ("data", "contributors"))
+#: fields a release never publishes: ``data.indices`` lists which problems were trained on,
+#: exactly what the guarantee hides (it reads ``withheld: k chosen problems``); recovery/ keeps it
+WITHHELD_FIELDS = (("data", "indices"),)
 
 
 def release_dir_of(path: str | Path) -> Path:
@@ -70,14 +73,15 @@ def run_config(path: str | Path) -> dict[str, Any]:
     """The release's public config as this machine can use it: for a run directory whose
     ``recovery/config.json`` is here, the fields a release publishes without their path
     (:data:`MACHINE_FIELDS`: the model folder, the warm start, the data folder, the
-    contributors file) come from that full config; a release on its own stays as published."""
+    contributors file) and those it withholds (:data:`WITHHELD_FIELDS`: the chosen problems)
+    come from that full config; a release on its own stays as published."""
     release = Path(path) / RELEASE_DIR if (Path(path) / RELEASE_DIR).is_dir() else Path(path)
     config = read_release_config(release)
     try:
         full = json.loads((release.parent / "recovery" / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return config
-    for section, key in MACHINE_FIELDS:
+    for section, key in MACHINE_FIELDS + WITHHELD_FIELDS:
         public, private = config.get(section), full.get(section) if isinstance(full, dict) else None
         if isinstance(public, dict) and isinstance(private, dict) and key in private:
             config[section] = {**public, key: private[key]}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dpgrpo.errors import ReleaseError
-from dpgrpo.release.files import MACHINE_FIELDS, RELEASE_CONFIG, RELEASE_FILES
+from dpgrpo.release.files import MACHINE_FIELDS, RELEASE_CONFIG, RELEASE_FILES, WITHHELD_FIELDS
 from dpgrpo.rundir.atomic import (
     atomic_write_json,
     atomic_write_text,
@@ -77,7 +77,8 @@ def public_config(config: dict[str, Any]) -> dict[str, Any]:
     value that is a path of this machine becomes ``"local model <basename>"`` (the model, the
     warm start) or ``"local data <basename>"`` (the data folder, the contributors file); an
     alias or hub id stays. A model path also logs a warning: whoever loads the release must
-    supply that base (``dpgrpo.load_release(..., base=...)``). The full config stays in
+    supply that base (``dpgrpo.load_release(..., base=...)``). ``data.indices`` (which problems
+    were trained on) is withheld: only their count is published. The full config stays in
     ``recovery/config.json``, from which :func:`dpgrpo.release.files.run_config` reads it back."""
     from dpgrpo.model import is_machine_path, public_name
 
@@ -95,6 +96,10 @@ def public_config(config: dict[str, Any]) -> dict[str, Any]:
         else:
             path = Path(value).expanduser()
             values[key] = f"local data {path.name or path.resolve().name or 'data'}"
+    for section, key in WITHHELD_FIELDS:   # which problems were trained on: never published
+        values = out.get(section)
+        if isinstance(values, dict) and isinstance(values.get(key), list):
+            values[key] = f"withheld: {len(values[key])} chosen problems"
     return out
 
 
