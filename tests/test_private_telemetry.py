@@ -80,10 +80,14 @@ def test_a_run_logs_no_private_value_at_any_level(tiny_model_dir, tmp_path, capt
     assert len(telemetry) == 3 and all("batch_size" in row for row in telemetry)
     messages = [r.getMessage() for r in captured]
     assert [m for m in messages if PRIVATE.search(m)] == []
-    # a clean run is silent: nothing for a private value to ride on. The one exception is the
-    # public config's own warning that a local base folder is named by its basename in release/
+    # a clean run is silent: nothing for a private value to ride on. The exceptions are the
+    # public config's own warning that a local base folder is named by its basename in release/,
+    # and the phase lines before round 1, which name the configured task and model only
     machine = [m for m in messages if "is a path of this machine" in m]
-    assert len(machine) <= 1 and [m for m in messages if m not in machine] == []
+    phases = [r.getMessage() for r in captured if r.name == "dpgrpo.progress"]
+    assert phases == ["reading the data (task gsm8k)", f"loading the model {tiny_model_dir}"]
+    assert len(machine) <= 1 and [m for m in messages
+                                  if m not in machine and m not in phases] == []
 
 
 def test_phase_times_stay_private_unless_opted_in(tiny_model_dir, tmp_path):

@@ -206,7 +206,7 @@ def test_an_unguarded_full_or_read_only_disk_is_one_error_line(code, needle, tmp
     def failing(*args, **kwargs):
         raise OSError(code, os.strerror(code), str(tmp_path / "somewhere"))
 
-    monkeypatch.setattr(accounting, "compute_epsilon", failing)
+    monkeypatch.setattr(accounting, "epsilon_report", failing)
     argv = ["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--rounds", "5",
             "--sigma", "1.0"]
     code_, lines = _run(argv, capsys)
@@ -220,7 +220,7 @@ def test_other_os_errors_are_not_disguised_as_a_full_disk(monkeypatch):
     def failing(*args, **kwargs):
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(accounting, "compute_epsilon", failing)
+    monkeypatch.setattr(accounting, "epsilon_report", failing)
     with pytest.raises(OSError, match="Input/output"):
         main(["privacy", "epsilon", "--n", "1000", "--expected-batch", "10", "--rounds", "5",
               "--sigma", "1.0"])

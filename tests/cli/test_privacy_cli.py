@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dpgrpo.privacy.accounting import PrivacyLedger, compute_epsilon
+from dpgrpo.privacy.accounting import PrivacyLedger, epsilon_report
 
 
 def _dpgrpo(*args: str) -> subprocess.CompletedProcess:
@@ -62,7 +62,7 @@ def test_ledger_command_recomputes_epsilon(tmp_path):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["rounds"] == 60 and data["runs"] == 2
-    assert data["epsilon"] == pytest.approx(compute_epsilon(1000, 20, 60, 1.0, 1e-5).epsilon, rel=1e-9)
+    assert data["epsilon"] == pytest.approx(epsilon_report(1000, 20, 60, 1.0, 1e-5).epsilon, rel=1e-9)
 
 
 def test_verify_writes_record(tmp_path):

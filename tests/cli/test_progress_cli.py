@@ -336,8 +336,8 @@ def _line_gaps(env: dict[str, str], sleep_s: float) -> tuple[float, list[float],
 
     code = ("import time\n"
             "import dpgrpo.privacy.accounting as acc\n"
-            "real = acc.compute_epsilon\n"
-            f"acc.compute_epsilon = lambda *a, **k: (time.sleep({sleep_s}), real(*a, **k))[1]\n"
+            "real = acc.epsilon_report\n"
+            f"acc.epsilon_report = lambda *a, **k: (time.sleep({sleep_s}), real(*a, **k))[1]\n"
             "from dpgrpo.__main__ import main\n"
             "main(['privacy', 'epsilon', '--n', '100', '--expected-batch', '4', '--rounds', '3',"
             " '--sigma', '1.0', '--json'])\n")

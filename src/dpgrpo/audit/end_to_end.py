@@ -49,7 +49,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
                         direction_seed: int = 0, seed: int | None = None
                         ) -> tuple[AuditSetup, Observation]:
     """T rounds of the real run with K gradient canaries (module docstring)."""
-    from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
+    from dpgrpo.privacy.accounting import RoundEvent, epsilon
     from dpgrpo.privacy.contributors import round_prompts, sum_within_records
     from dpgrpo.privacy.record_coins import PromptCoins
     from dpgrpo.training.arms import make_arm
@@ -68,7 +68,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
     total = config.train.rounds                         # T
     setup = AuditSetup(n=run.n, q=run.q, rounds=total, sigma=run.sigma, clip_norm=run.clip_norm,
                        delta=run.delta, coordinates=run.coordinates, canaries=canaries,
-                       certified_epsilon=pld_epsilon([RoundEvent(run.q, run.sigma, total)],
+                       certified_epsilon=epsilon([RoundEvent(run.q, run.sigma, total)],
                                                      run.delta),
                        canary_scale=canary_scale, learning_rate=config.train.learning_rate,
                        weight_decay=config.train.weight_decay, direction_seed=direction_seed)

@@ -246,7 +246,7 @@ def setup_from_config(config: Any, *, canaries: int | None = None, **overrides: 
     """The audit's public parameters from a RunConfig, without training: n, q, T, C and the
     calibrated sigma (the trainable-coordinate count, which needs the model, defaults to
     max(K, 4096) unless given)."""
-    from dpgrpo.privacy.accounting import RoundEvent, default_delta, pld_epsilon, sampling_rate
+    from dpgrpo.privacy.accounting import RoundEvent, default_delta, epsilon, sampling_rate
     from dpgrpo.privacy.calibration import calibrate
 
     p = config.privacy
@@ -263,7 +263,7 @@ def setup_from_config(config: Any, *, canaries: int | None = None, **overrides: 
     fields = dict(n=int(n) + k, q=q, rounds=rounds, sigma=float(sigma), clip_norm=p.clip_norm,
                   delta=delta,
                   coordinates=max(k, 4096), canaries=k,
-                  certified_epsilon=pld_epsilon([RoundEvent(q, float(sigma), rounds)], delta),
+                  certified_epsilon=epsilon([RoundEvent(q, float(sigma), rounds)], delta),
                   learning_rate=config.train.learning_rate,
                   weight_decay=config.train.weight_decay)
     return AuditSetup(**(fields | overrides))

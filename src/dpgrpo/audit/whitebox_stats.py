@@ -32,7 +32,7 @@ from functools import lru_cache
 import numpy as np
 
 from dpgrpo.audit.one_run import count_correct, lower_bound_from_counts, make_guesses
-from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
+from dpgrpo.privacy.accounting import RoundEvent, epsilon
 
 CALIBRATION_TOLERANCE = 0.05     # relative; about 5 standard errors at K = 1,000 canaries
 DESIGN_TRIALS = 20
@@ -282,11 +282,11 @@ def analytic(q: float, sigma: float, rounds: int, delta: float, *,
     statistic's mu."""
     mu = q * math.sqrt(rounds) / sigma
     events = [RoundEvent(q, sigma, rounds)]
-    at_delta = pld_epsilon(events, delta)
+    at_delta = epsilon(events, delta)
     bound_delta = delta if bound_delta is None else bound_delta
     return {"whitebox_epsilon": at_delta, "bound_delta": bound_delta,
             "certified_epsilon_at_bound_delta": (at_delta if bound_delta == delta
-                                                 else pld_epsilon(events, bound_delta)),
+                                                 else epsilon(events, bound_delta)),
             "statistic_mu": mu, "statistic_epsilon": gdp_epsilon(mu, delta)}
 
 

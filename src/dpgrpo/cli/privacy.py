@@ -175,11 +175,11 @@ def epsilon_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Epsilon of T Poisson-subsampled Gaussian rounds (PLD, with RDP beside it)."""
-    from dpgrpo.privacy.accounting import compute_epsilon
+    from dpgrpo.privacy.accounting import epsilon_report
     from dpgrpo.privacy.limits import check_accountable_sigma
 
     check_accountable_sigma(sigma, "--sigma")  # before the accountant tries (GiB, minutes)
-    _emit(compute_epsilon(n, expected_batch, rounds, sigma, delta).to_dict(), as_json, "epsilon")
+    _emit(epsilon_report(n, expected_batch, rounds, sigma, delta).to_dict(), as_json, "epsilon")
 
 
 @privacy_app.command("ledger")

@@ -196,6 +196,7 @@ def check_run_dir(config: RunConfig, run_dir: Path) -> None:
     behaviour before the key differs from it), so such a run is refused only if the new config
     sets one of them otherwise.
     """
+    from dpgrpo.release.write import public_config
     from dpgrpo.rundir.resume import as_written
 
     layout = RunDir(run_dir)
@@ -204,6 +205,8 @@ def check_run_dir(config: RunConfig, run_dir: Path) -> None:
         if saved is None:
             continue
         wanted = json.loads(json.dumps(config.to_dict(public=public)))
+        if public:  # as release/ publishes it: no machine path, no chosen problems
+            wanted = public_config(wanted)
         defaults = json.loads(json.dumps(RunConfig().to_dict(public=public)))
         diff = _differences(_with_defaults(as_written(saved), defaults), wanted)
         if diff:

@@ -6,7 +6,7 @@ What it checks, each as one :class:`Check` of the :class:`ReleaseCheck` it retur
   (the same hashing as push and resume, :func:`dpgrpo.rundir.atomic.sha256_file`);
 * ``finite``: every tensor of ``adapter_model.safetensors`` is finite;
 * ``epsilon``: epsilon recomputed with the project's accountant
-  (:func:`dpgrpo.privacy.accounting.pld_epsilon`) from the certificate's public figures, q (or
+  (:func:`dpgrpo.privacy.accounting.epsilon`) from the certificate's public figures, q (or
   m / n), sigma, the rounds charged and the accountant's delta (``delta_pld``), is not larger
   than the certified epsilon beyond :data:`EPSILON_TOLERANCE`; the ledger, when the certificate
   holds one, must charge the same rounds (a ledger whose rounds differ in q or sigma is
@@ -181,7 +181,7 @@ def _public_rounds(cert: dict[str, Any]) -> tuple[float, float, int] | str:
 
 
 def _check_epsilon(cert: dict[str, Any]) -> tuple[Check, float | None]:
-    from dpgrpo.privacy.accounting import PrivacyLedger, RoundEvent, pld_epsilon
+    from dpgrpo.privacy.accounting import PrivacyLedger, RoundEvent, epsilon
 
     certified = _number(cert.get("epsilon"))
     if certified is None:
@@ -206,7 +206,7 @@ def _check_epsilon(cert: dict[str, Any]) -> tuple[Check, float | None]:
             if any((e.sampling_rate, e.noise_multiplier) != (q, sigma)
                    for e in from_ledger.events):
                 events = from_ledger.events  # rounds at other (q, sigma): account them as run
-        recomputed = pld_epsilon(events, delta)
+        recomputed = epsilon(events, delta)
     except (DPGRPOError, KeyError, TypeError, ValueError) as err:
         return Check("epsilon", False, f"cannot recompute epsilon ({err})"), None
     figures_text = (f"q = {q:.6g}, sigma = {sigma:.6g}, {rounds} rounds charged, "
