@@ -67,9 +67,9 @@ def _number(value: Any, text: bool) -> float:
     return float(value)
 
 
-def _scalar(base: Any, value: Any, text: bool) -> Any:
-    """One item of a list: an int, a finite number or a string (a choice's membership is
-    checked by :func:`check_choices`)."""
+def _scalar(base: Any, value: Any, text: bool, *, strip: bool = True) -> Any:
+    """An int, a finite number or a string (a choice's membership is checked by
+    :func:`check_choices`); a list's items are stripped of spaces."""
     if base is int:
         if not text and isinstance(value, str):
             raise ValueError(value)
@@ -78,7 +78,7 @@ def _scalar(base: Any, value: Any, text: bool) -> Any:
         return _number(value, text)
     if not isinstance(value, str):
         raise ValueError(value)
-    return value.strip()
+    return value.strip() if strip else value
 
 
 def parse_value(base: Any, value: Any, text: bool) -> Any:
@@ -113,15 +113,7 @@ def parse_value(base: Any, value: Any, text: bool) -> Any:
         if text and value.lower() in ("false", "0", "no", "off"):
             return False
         raise ValueError(value)
-    if base is int:
-        if not text and isinstance(value, str):
-            raise ValueError(value)
-        return _integer(value)
-    if base is float:
-        return _number(value, text)
-    if not isinstance(value, str):
-        raise ValueError(value)
-    return value
+    return _scalar(base, value, text, strip=False)
 
 
 def field_type(cls: type, key: str) -> tuple[Any, bool]:
