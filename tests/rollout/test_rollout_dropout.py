@@ -118,6 +118,7 @@ def test_dropout_seed_is_a_stream_apart_from_the_sampling_coins():
     assert dropout_seed([5]) != torch_seed(5)            # not the coins' first 8 bytes
     assert dropout_seed([5]) == dropout_seed([5])
     assert dropout_seed([5, 6]) != dropout_seed([5]) != dropout_seed([6])
+    assert dropout_seed([5], part=3) != dropout_seed([5])   # a group split over calls
 
 
 def test_a_private_arm_refuses_a_dropout_stream_shared_by_batched_prompts():

@@ -61,10 +61,11 @@ def isolation_text(isolated: bool) -> str:
 DROPOUT_NONCE = bytes(4) + b"rolldrop" + bytes(4)
 
 
-def dropout_seed(seeds: Sequence[int]) -> int:
+def dropout_seed(seeds: Sequence[int], part: int = 0) -> int:
     """A 64-bit torch seed for the LoRA-dropout masks of a call over prompts with ``seeds``: a
-    PRF output of the first prompt's 256-bit seed under :data:`DROPOUT_NONCE`, the others' seeds
-    mixed in with SHA-256 when the call holds several prompts (batched mode)."""
+    PRF output of the first prompt's 256-bit seed under :data:`DROPOUT_NONCE` (its last four
+    bytes: ``part``, the call's first row within the prompt when a group is split over calls),
+    the others' seeds mixed in with SHA-256 when the call holds several prompts (batched)."""
     import hashlib
 
     from dpgrpo.privacy.record_coins import keystream, seed_key
@@ -73,7 +74,8 @@ def dropout_seed(seeds: Sequence[int]) -> int:
     if len(seeds) > 1:
         digest = hashlib.sha256(b"".join(seed_key(int(s)) for s in seeds)).digest()
         seed = int.from_bytes(digest, "little")
-    return int.from_bytes(keystream(seed_key(seed), DROPOUT_NONCE, 8), "little")
+    nonce = DROPOUT_NONCE[:12] + int(part).to_bytes(4, "little")
+    return int.from_bytes(keystream(seed_key(seed), nonce, 8), "little")
 
 
 def _lora_dropouts(model: Any) -> list[torch.nn.Module]:
@@ -194,7 +196,8 @@ class TransformersEngine:
             for rows in calls:
                 owners = sorted({r // group_size for r in rows})
                 local = {p: i for i, p in enumerate(owners)}
-                with _call_masks(dropout, [seeds[p] for p in owners], device):
+                part = rows[0] % group_size if len(owners) == 1 else 0   # a split group
+                with _call_masks(dropout, [seeds[p] for p in owners], part, device):
                     out = self._decode(prompts, owners, local, rows, coins, sampler, group_size,
                                        max_new_tokens, stop, pad_id, device, dropout)
                 if logp is not None:
@@ -220,7 +223,8 @@ class TransformersEngine:
 
 
 @contextlib.contextmanager
-def _call_masks(dropout: bool, seeds: list[int], device: torch.device) -> Iterator[None]:
+def _call_masks(dropout: bool, seeds: list[int], part: int,
+                device: torch.device) -> Iterator[None]:
     """With ``dropout``: torch's generators forked and reseeded from :func:`dropout_seed` of
     the call's prompts, so the run's global state is untouched and the masks are theirs."""
     if not dropout:
@@ -228,7 +232,7 @@ def _call_masks(dropout: bool, seeds: list[int], device: torch.device) -> Iterat
         return
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        seed = dropout_seed(seeds)
+        seed = dropout_seed(seeds, part)
         torch.default_generator.manual_seed(seed)
         if device.type == "cuda":
             torch.cuda.manual_seed(seed)
