@@ -436,3 +436,28 @@ def test_a_claim_against_a_fixed_model_counts_the_trained_arms_seeds() -> None:
     report = {"base": "base", "contrasts": rows[1:], "versus_base": rows[:1]}
     assert _contrast(report, "non-private", "base")["seeds"] == 5
     assert _contrast(report, "dp-grpo", "zero-advantage")["seeds"] == 3
+
+
+def test_the_summary_and_page_carry_the_two_sided_p_of_a_diba_test() -> None:
+    """Issue 58: an AUC far below its null (all 20 shuffles above it) is a signal; the summary
+    keeps the lower tail's and the two-sided p beside the upper one, and the page gives the
+    two-sided p. A test drawn one-sided (saved before 2026-12) has none and the page says so
+    by leaving it out."""
+    import numpy as np
+
+    from dpgrpo.audit.mia import PermutationTest
+    from dpgrpo.experiments.study_summary import _permuted
+    from dpgrpo.reports.study import _perm
+
+    null = np.linspace(0.45, 0.64, 20)                     # every null AUC above the observed
+    test = PermutationTest(observed=0.30, null=null, seed=0, permutations=20, stop_after=None)
+    keys = _permuted("audit_dp_auc", {"permutation": test.to_dict()})
+    assert keys["audit_dp_auc_p"] == 1.0                   # upper tail: 21 / 21
+    assert keys["audit_dp_auc_p_lower"] == 1 / 21
+    assert keys["audit_dp_auc_p_two_sided"] == 2 / 21
+    line = _perm(keys, "audit_dp_auc")
+    assert line.startswith(", permutation p = 1, two-sided p = 0.095 (20 shuffles, ")
+    one_sided = {"permutation": {"permutations": 20, "p_value": 1.0, "null_band": [0.4, 0.6]}}
+    keys = _permuted("audit_dp_auc", one_sided)
+    assert keys["audit_dp_auc_p_two_sided"] is None
+    assert "two-sided" not in _perm(keys, "audit_dp_auc")

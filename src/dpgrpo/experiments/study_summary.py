@@ -51,13 +51,18 @@ def _auc(mia: Mapping[str, Any]) -> tuple[float, list[float]]:
 
 
 def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``<key>_p``, ``<key>_null`` (central 95% of the null AUCs), ``<key>_draws`` (shuffles
-    drawn), ``<key>_permutations`` (at most) and ``<key>_stop_after`` (Besag and Clifford's h;
-    None: the fixed test, as every test saved before the rule existed) of a permutation test."""
+    """``<key>_p`` (upper tail: members score higher), ``<key>_p_lower`` and
+    ``<key>_p_two_sided`` (issue 58; None for a test drawn one-sided, as every test saved
+    before the two tails were drawn), ``<key>_null`` (central 95% of the null AUCs),
+    ``<key>_draws`` (shuffles drawn), ``<key>_permutations`` (at most) and
+    ``<key>_stop_after`` (Besag and Clifford's h; None: the fixed test, as every test saved
+    before the rule existed) of a permutation test."""
     test = (mia or {}).get("permutation")
     if not test:
         return {}
-    return {f"{key}_p": test["p_value"], f"{key}_null": test["null_band"],
+    return {f"{key}_p": test["p_value"], f"{key}_p_lower": test.get("p_value_lower"),
+            f"{key}_p_two_sided": test.get("p_value_two_sided"),
+            f"{key}_null": test["null_band"],
             f"{key}_draws": test.get("draws", test["permutations"]),
             f"{key}_permutations": test["permutations"],
             f"{key}_stop_after": test.get("stop_after")}

@@ -228,8 +228,10 @@ def _rows(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _perm(s: Mapping[str, Any], key: str) -> str:
-    """", permutation p = .. (L of at most n shuffles, null 95% [.., ..])" when the study ran
-    the test (a record from before the sequential rule: "(null 95% [.., ..])")."""
+    """", permutation p = .., two-sided p = .. (L of at most n shuffles, null 95% [.., ..])"
+    when the study ran the test (the upper tail's p: members score higher; the two-sided p
+    only for a test that drew both tails; a record from before the sequential rule:
+    "(null 95% [.., ..])")."""
     if f"{key}_p" not in s:
         return ""
     drawn = ""
@@ -237,7 +239,9 @@ def _perm(s: Mapping[str, Any], key: str) -> str:
         n, h = s[f"{key}_permutations"], s.get(f"{key}_stop_after")
         drawn = (f"{n} shuffles, " if h is None else
                  f"{s[f'{key}_draws']} of at most {n} shuffles, stop at {h} >= observed; ")
-    return (f", permutation p = {s[f'{key}_p']:.2g} ({drawn}null 95% "
+    two = s.get(f"{key}_p_two_sided")
+    both = "" if two is None else f", two-sided p = {two:.2g}"
+    return (f", permutation p = {s[f'{key}_p']:.2g}{both} ({drawn}null 95% "
             f"{_ci(s[f'{key}_null'], 3)})")
 
 
