@@ -164,7 +164,7 @@ class _BatchTokenMean(GRPOObjective):
                          ids=lambda o: f"{o.loss_type}-T{o.temperature:g}"
                                        f"{'-corrected' if o.kl_bias_correction else ''}")
 def test_batchmates_leave_other_prompts_bit_identical(policy32, tok, obj, method):
-    """As tests/test_grads.py's check, for each variant with mask_truncated and no std: a much
+    """As tests/training/test_grads.py's check, for each variant with mask_truncated and no std: a much
     longer batch-mate changes no other prompt's gradient by one bit (fp32)."""
     specs, longer = random_specs(tok, 0, 3), random_specs(tok, 1, 1, long=True)
     rewards = torch.tensor([[1., 0, 1], [0, 0, 1], [1, 1, 0]])

@@ -27,7 +27,7 @@ from dpgrpo.config.schema import (
 from dpgrpo.errors import ConfigError
 from dpgrpo.experiments.tune import load_tune
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: the values issue 59 found taken as true, accepted, or ending in a traceback
 BAD = [

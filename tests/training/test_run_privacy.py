@@ -281,7 +281,7 @@ def test_paper_presets_fix_n_by_their_public_limit(shared_data_dir, tmp_path, pr
     from dpgrpo.training.distributed import DistContext
     from dpgrpo.training.setup import _slots
 
-    path = Path(__file__).resolve().parents[1] / "configs" / f"{preset}.toml"
+    path = Path(__file__).resolve().parents[2] / "configs" / f"{preset}.toml"
     cfg = load_config(path, [f"data.data_dir={shared_data_dir}"])
     assert cfg.data.skip_invalid and cfg.data.limit == n
     slots, count = _slots(cfg, get_task(preset), tmp_path, DistContext())

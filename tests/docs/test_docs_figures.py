@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dpgrpo.privacy import noise, record_coins
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COORDINATE_MAX = noise.SECURE_DRAWS * noise.R_MAX / 2   # the largest |coordinate| in sigma C
 
 #: claim pattern -> the values it may state

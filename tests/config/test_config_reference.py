@@ -10,7 +10,7 @@ from typing import Literal
 
 from dpgrpo.config.reference import SECTIONS, fields, render
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 
 def test_the_page_is_current():

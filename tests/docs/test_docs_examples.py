@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\s*$")
 SHELL = {"bash", "console", "sh", "shell", "shell-session", ""}

@@ -7,7 +7,7 @@
   command that trains or tunes gets the toy overrides of :data:`TOY` through its own documented
   ``--set`` option. A line whose comment says ``(exit N)`` must exit N, every other line 0.
   Lines that need a GPU, the hub or a value the reader supplies are named in :data:`NOT_RUN`
-  with the reason; tests/test_docs_examples.py checks their command and options.
+  with the reason; tests/docs/test_docs_examples.py checks their command and options.
 * ``python -c "..."`` lines run in that checkout; ``bash scripts/setup.sh`` lines are what
   ``.ci/run`` itself runs.
 * ``python`` blocks run (README's example, both of coming-from-trl.md's, in one namespace per
@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^\s*```(\S*)\s*$")
 SHELL = {"bash", "console", "sh", "shell"}
@@ -68,8 +68,8 @@ TOY_OPTIONS = {"protocol": ["--eval-limit", "2", "--draws", "100", "--sign-draws
 #: Command lines not run here, by prefix: why.
 NOT_RUN = {
     "dpgrpo eval --task gsm8k --source hub": "needs the Hugging Face hub",
-    "dpgrpo push ": "uploads to the Hugging Face hub (tests/test_release.py mocks it)",
-    "torchrun ": "needs several GPUs (tests/test_distributed.py runs two CPU ranks)",
+    "dpgrpo push ": "uploads to the Hugging Face hub (tests/release/test_release.py mocks it)",
+    "torchrun ": "needs several GPUs (tests/training/test_distributed.py runs two CPU ranks)",
     "dpgrpo train --show-private-telemetry ...": "a template: '...' is the reader's command",
     "dpgrpo train --arm zero-advantage ...": "a template: '...' is the reader's command",
     "dpgrpo train --set model.lora_train=B": "a template: '...' is the reader's command",
@@ -79,7 +79,7 @@ NOT_RUN = {
         "minutes of simulation at d = 19584 (tests/audit/test_whitebox.py runs small ones)",
     "bash scripts/setup.sh": "what .ci/run runs on a fresh clone",
     "dpgrpo tune configs/cpu-study.toml": "its grid warm-starts from the study's warm start "
-                                          "(dpgrpo study); tests/test_tune.py runs a toy grid",
+                                          "(dpgrpo study); tests/experiments/test_tune.py runs a toy grid",
 }
 #: Run, but marked slow (minutes on two cores).
 SLOW = ("dpgrpo protocol ", "dpgrpo privacy report ", "dpgrpo audit mia --run runs/x --members "
@@ -249,7 +249,7 @@ def _params(command: str) -> list:
     why = _not_run(command)
     if why:
         marks = [pytest.mark.skip(reason=f"not run here: {why} (options checked by "
-                                         "tests/test_docs_examples.py)")]
+                                         "tests/docs/test_docs_examples.py)")]
     return marks
 
 

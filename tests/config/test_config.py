@@ -56,7 +56,7 @@ def test_public_dict_hides_the_seed():
 def test_paper_presets_load():
     from pathlib import Path
 
-    configs = Path(__file__).resolve().parents[1] / "configs"
+    configs = Path(__file__).resolve().parents[2] / "configs"
     from dpgrpo.config.loading import EMBEDDED_DEFAULT
 
     for path in (configs / "math.toml", configs / "gsm8k.toml", configs / "csqa.toml",
