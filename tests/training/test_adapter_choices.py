@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_grads import make_batch, make_rollouts
 
 from dpgrpo.config import ModelConfig, load_config
 from dpgrpo.errors import ConfigError
@@ -25,7 +26,6 @@ from dpgrpo.training.grads import (
     trainable_parameters,
 )
 from dpgrpo.verify.fixtures import build_tiny_model, build_tiny_tokenizer, exact_rmsnorm
-from test_grads import make_batch, make_rollouts
 
 REWARDS = torch.tensor([[1., 0, 0, 1], [0, 0, 0, 1], [1, 1, 0, 0]])
 

@@ -10,6 +10,7 @@ import typing
 
 import pytest
 import torch
+from test_trainer import _adapter, tiny_config
 
 from dpgrpo.config import RunConfig, load_config
 from dpgrpo.config import values as config_values
@@ -17,7 +18,6 @@ from dpgrpo.errors import ConfigError, ReleaseError
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
 from dpgrpo.training.trainer import _apply, train
-from test_trainer import _adapter, tiny_config
 
 BAD = [  # (TOML, the key the error names, what it says)
     ("[privacy]\nclip_norm = 1e308", "privacy.clip_norm", "at most 1e6, got 1e308"),

@@ -13,10 +13,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from test_trainer import tiny_config
 
 from dpgrpo.release.files import RELEASE_FILES
 from dpgrpo.training.trainer import train
-from test_trainer import tiny_config
 
 PUBLIC_BESIDE_RECOVERY = {"metrics.jsonl", ".lock"}
 
