@@ -15,8 +15,8 @@ from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.experiments import study_steps
 from dpgrpo.experiments.study_steps import SPLIT_JSON, draw_split, read_split, split_overrides
 from dpgrpo.privacy import sampling
-from dpgrpo.privacy.budget import public_slots
 from dpgrpo.tasks import load_problems
+from dpgrpo.tasks.splits import public_slots
 
 K = 32                     # the study's members: 32 of the first 64 problems
 

@@ -17,14 +17,13 @@ from dpgrpo.privacy.contributors import (
     ProblemChooser,
     as_contributors,
     contributor_slot_count,
-    contributor_slots,
     round_prompts,
     sum_within_records,
     unit_description,
 )
 from dpgrpo.privacy.mechanism import clip_and_sum
 from dpgrpo.tasks.base import LoadedSplit, Problem
-from dpgrpo.tasks.contributors import assign_contributors, read_contributor_map
+from dpgrpo.tasks.contributors import assign_contributors, contributor_slots, read_contributor_map
 
 
 def _problems(n: int, owners: list[str] | None = None) -> list[Problem]:

@@ -56,7 +56,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
     from dpgrpo.training.grads import per_prompt_grads, trainable_parameters
     from dpgrpo.training.quiet import quiet_model_loading
     from dpgrpo.training.setup import build_run
-    from dpgrpo.training.trainer import _apply, _grad_method
+    from dpgrpo.training.trainer import apply_update, grad_method
 
     start = time.perf_counter()
     with quiet_model_loading():
@@ -92,7 +92,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
         coins = PromptCoins.for_records(key, mine, plan.bounds)
         batch, _ = arm.batch(plan.prompts, coins=coins)
         grads = sum_within_records(per_prompt_grads(
-            run.model, arm.objective, batch.to(run.device), method=_grad_method(config),
+            run.model, arm.objective, batch.to(run.device), method=grad_method(config),
             rows_per_pass=config.train.pass_rows(arm.cap),
             dropout_seeds=coins.seeds("dropout")), plan)
         present = [slot_of[int(s)] for s in sampled if int(s) in slot_of]
@@ -102,7 +102,7 @@ def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
         update = mech(grads, clip_norm=run.clip_norm, noise_multiplier=run.sigma,
                       expected_batch=run.expected_batch, noise=run.noise)
         rounds[t] = dirs.project(_flat(update, names)) * units
-        _apply(run.model, run.optimizer, update, max_norm=config.train.max_update_norm)
+        apply_update(run.model, run.optimizer, update, max_norm=config.train.max_update_norm)
     after = _flat(trainable_parameters(run.model), names)
     final = -dirs.project(after - before)
     return setup, Observation(included, rounds, final, time.perf_counter() - start)

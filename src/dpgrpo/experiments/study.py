@@ -194,7 +194,8 @@ def check_public_warm_start(warm: RunConfig, study: RunConfig, eval_split: str) 
 
 def _check_warm_start_content(warm: RunConfig, study: RunConfig, eval_split: str) -> None:
     """The warm start's training questions hold none of the study's training or eval set."""
-    from dpgrpo.privacy.public_data import check_disjoint, split_questions, training_questions
+    from dpgrpo.privacy.public_data import check_disjoint
+    from dpgrpo.tasks.splits import split_questions, training_questions
 
     public, task = training_questions(warm), study.data.task
     what = f"study.warm_start's training data ({warm.data.task!r}, split {warm.data.split!r})"

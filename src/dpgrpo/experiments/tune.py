@@ -99,8 +99,9 @@ def check_proxy(config: RunConfig, settings: TuneSettings) -> None:
     problems), or the private run's data folder. By content: any question of the proxy's train
     or eval split that is in the private training set by the public rule of
     :mod:`dpgrpo.privacy.public_data` (PublicDataError, with the count and two examples)."""
-    from dpgrpo.privacy.public_data import check_disjoint, split_questions, training_questions
+    from dpgrpo.privacy.public_data import check_disjoint
     from dpgrpo.tasks import get_task
+    from dpgrpo.tasks.splits import split_questions, training_questions
 
     proxy = get_task(settings.proxy)
     same_dir = (settings.proxy_data_dir is not None and config.data.data_dir is not None

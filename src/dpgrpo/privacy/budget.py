@@ -1,15 +1,12 @@
-"""A run's public constants from its configuration alone (assumption A1): n, q, delta, sigma, C.
+"""A run's public constants from its configuration alone (assumption A1): q, delta, sigma, C.
 
 The one resolver behind the trainer (:func:`dpgrpo.training.setup.build_run`) and the budget
 report (:mod:`dpgrpo.reports.budget`, Table VI), so that the epsilon a report promises is the
-one a run certifies:
-
-* :func:`public_slots`: n by :func:`~dpgrpo.privacy.sampling.public_slot_count` (prompt level)
-  or :func:`~dpgrpo.privacy.contributors.contributor_slots` (contributor level), from the
-  split's size and the configuration, never from the content or validity of the records;
-* :func:`public_constants`: q = m / n, delta = ``privacy.delta`` or 1/(10 n), sigma
-  (``privacy.noise_multiplier``, else calibrated from ``privacy.epsilon``; 0 for the
-  non-private arm) and the clipping norm C.
+one a run certifies. Both first count the n public slots with
+:func:`dpgrpo.tasks.splits.public_slots` (it reads the split: the task layer, above this one),
+then :func:`public_constants` gives q = m / n, delta = ``privacy.delta`` or 1/(10 n), sigma
+(``privacy.noise_multiplier``, else calibrated from ``privacy.epsilon``; 0 for the non-private
+arm) and the clipping norm C.
 """
 
 from __future__ import annotations
@@ -21,52 +18,6 @@ from typing import Any, cast
 from dpgrpo.config import RunConfig
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
 from dpgrpo.privacy.accounting import default_delta, sampling_rate
-from dpgrpo.privacy.contributors import CONTRIBUTOR, contributor_slots
-from dpgrpo.privacy.sampling import SlotCount, public_slot_count
-
-
-@dataclass(frozen=True)
-class PublicSlots:
-    """What fixes n: the split's records in slot order (before the canaries) and the count."""
-
-    problems: list[Any]               # prompt level: data.indices, or the first data.limit
-    contributors: list[Any] | None    # contributor level: contributor slots, absent ones None
-    count: SlotCount                  # n (canaries included) and the rule that fixed it
-    skipped: int                      # invalid records (private: logged at debug level only)
-
-
-def public_slots(config: RunConfig, task: Any = None) -> PublicSlots:
-    """Load the split (not the model) and count its public slots, canaries included.
-
-    Raises ConfigError when a custom task's list would make n private, or n is below the
-    record count.
-    """
-    from dpgrpo.tasks import get_task, load_split
-    from dpgrpo.tasks.custom import check_public_n
-
-    data = config.data
-    task = get_task(data.task) if task is None else task
-    check_public_n(task, data.n_slots, data.capacity)  # a private list's length is not public
-    loaded = load_split(task, data.split, data.data_dir, source=data.source,
-                        skip_invalid=data.skip_invalid)
-    if not loaded.problems and loaded.skipped:  # a run on no data at all would still "release"
-        from dpgrpo.errors import EmptyDataError
-
-        first = loaded.skipped[0]
-        raise EmptyDataError(f"no valid record: data.skip_invalid = true skipped every record "
-                             f"of split {data.split!r} (the first: {first}); nothing to train on",
-                             path=None)
-    k = config.audit.canaries
-    if data.privacy_unit == CONTRIBUTOR:  # the record is a contributor (privacy/contributors.py)
-        contributors, count = contributor_slots(data, task, loaded, k)
-        return PublicSlots([], contributors, count, len(loaded.skipped))
-    problems = data.select(loaded.problems)      # data.indices, else the first data.limit
-    count = public_slot_count(n_slots=data.n_slots, limit=data.capacity, problems=len(problems),
-                              source_rows=len(loaded.problems) + len(loaded.skipped),
-                              canaries=k, embedded=not task.needs_data_dir)
-    if data.indices is not None and count.source == "data.limit":
-        count = SlotCount(count.n, "data.indices", count.records)
-    return PublicSlots(list(problems), None, count, len(loaded.skipped))
 
 
 @dataclass(frozen=True)
@@ -132,4 +83,4 @@ def _calibrated_sigma(n: int, m: float, rounds: int, epsilon: float, delta: floa
     return float(cache[key].sigma)
 
 
-__all__ = ["PublicConstants", "PublicSlots", "public_constants", "public_slots"]
+__all__ = ["PublicConstants", "public_constants"]

@@ -76,31 +76,6 @@ def contributor_slot_count(*, n_slots: int | None, contributors: int,
     return SlotCount(n_slots, "data.n_slots", records)
 
 
-def contributor_slots(data: Any, task: Any, loaded: Any,
-                      canaries: int) -> tuple[list[Contributor | None], SlotCount]:
-    """The contributor slots of a split (before the canaries): its contributors, in order of
-    first appearance, then absent slots up to ``data.n_slots`` - canaries."""
-    from dpgrpo.tasks.contributors import (
-        assign_contributors,
-        group_by_contributor,
-        read_contributor_map,
-    )
-
-    if data.n_slots is None:  # before the mapping is read (DataConfig refuses it too)
-        contributor_slot_count(n_slots=None, contributors=0, canaries=canaries)
-    if data.limit is not None:
-        raise ConfigError("data.limit is refused with data.privacy_unit = 'contributor' "
-                          "(a cut before grouping couples contributors)")
-    mapping = read_contributor_map(data.contributors) if data.contributors else None
-    source = data.contributors or f"the {task.name} {data.split} split"
-    groups = group_by_contributor(assign_contributors(loaded.problems, mapping, source=source))
-    count = contributor_slot_count(n_slots=data.n_slots, contributors=len(groups),
-                                   canaries=canaries)
-    slots: list[Contributor | None] = [
-        Contributor(who, tuple((task, p) for p in owned)) for who, owned in groups]
-    return slots + [None] * (count.n - canaries - len(slots)), count
-
-
 def as_contributors(slots: Sequence[tuple[Any, Any] | None]) -> list[Contributor | None]:
     """Prompt slots (e.g. canaries) as contributors of one problem each."""
     return [None if s is None else Contributor(s[1].id, (s,)) for s in slots]
@@ -214,5 +189,5 @@ def sum_within_records(grads: dict[str, torch.Tensor],
 
 
 __all__ = ["CONTRIBUTOR", "Contributor", "PROMPT", "ProblemChooser", "RoundPrompts", "UNITS",
-           "as_contributors", "contributor_slot_count", "contributor_slots", "round_prompts",
+           "as_contributors", "contributor_slot_count", "round_prompts",
            "sum_within_records", "unit_description"]

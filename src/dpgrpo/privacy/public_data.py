@@ -25,7 +25,6 @@ import hashlib
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dpgrpo.errors import PublicDataError
 
@@ -122,29 +121,5 @@ def check_disjoint(public: Sequence[str], private: Sequence[str], *, what: str, 
     return found
 
 
-def training_questions(config: Any) -> list[str]:
-    """The questions a run of ``config`` trains on: its split (invalid records skipped as the
-    run skips them), ``data.indices`` or the first ``data.limit`` at prompt level, the whole
-    split otherwise."""
-    from dpgrpo.tasks import load_split
-
-    data = config.data
-    loaded = load_split(data.task, data.split, data.data_dir, source=data.source,
-                        skip_invalid=data.skip_invalid)
-    problems = loaded.problems
-    if data.privacy_unit == "prompt":
-        problems = data.select(problems)
-    return [p.question for p in problems]
-
-
-def split_questions(task: str, split: str, data_dir: str | None, source: str = "local"
-                    ) -> list[str]:
-    """Every question of ``split`` of ``task`` (invalid records skipped)."""
-    from dpgrpo.tasks import load_split
-
-    return [p.question for p in load_split(task, split, data_dir, source=source,
-                                           skip_invalid=True).problems]
-
-
 __all__ = ["NGRAM", "Overlap", "check_disjoint", "ngrams", "normalise", "question_key",
-           "question_overlap", "split_questions", "training_questions", "words"]
+           "question_overlap", "words"]

@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from dpgrpo.errors import DataError, ReleaseError
+from dpgrpo.rundir.layout import (
+    LEGACY_RELEASE_CONFIG,
+    RELEASE_CONFIG,
+    RELEASE_DIR,
+    read_release_config,
+    release_config_path,
+    verify_release_files,
+)
 
-RELEASE_DIR = "release"  # RUN_DIR/release (the layout: rundir.RunDir)
-RELEASE_CONFIG = "dpgrpo_config.json"
-LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
 #: Everything release/ may hold (release.write.write_release refuses anything else).
 RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", RELEASE_CONFIG,
                            "certificate.json", "README.md"})
@@ -38,35 +43,6 @@ def release_dir_of(path: str | Path) -> Path:
     """``path/release`` for a run directory, else ``path`` itself (a release directory)."""
     path = Path(path)
     return path / RELEASE_DIR if (path / RELEASE_DIR).is_dir() else path
-
-
-def release_config_path(release_dir: str | Path) -> Path:
-    """Where a release keeps dpgrpo's config: the current name, or an old release's
-    ``config.json`` when only that exists (and is not a model's config)."""
-    release_dir = Path(release_dir)
-    current, legacy = release_dir / RELEASE_CONFIG, release_dir / LEGACY_RELEASE_CONFIG
-    if not current.exists() and legacy.exists():
-        try:
-            data = json.loads(legacy.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return legacy  # damaged: let the reader name it
-        if isinstance(data, dict) and "model_type" not in data:
-            return legacy
-    return current
-
-
-def read_release_config(release_dir: str | Path) -> dict[str, Any]:
-    """The public config of a release (:data:`RELEASE_CONFIG`, or an old ``config.json``)."""
-    path = release_config_path(release_dir)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"not a dpgrpo release (no {RELEASE_CONFIG})", path=str(path)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"unreadable release config ({err})", path=str(path)) from None
-    if not isinstance(data, dict):
-        raise DataError("expected a JSON object", path=str(path))
-    return data
 
 
 def run_config(path: str | Path) -> dict[str, Any]:
@@ -132,22 +108,6 @@ def certified_rounds(cert: Mapping[str, Any], default: Any = _REQUIRED) -> Any:
     if default is _REQUIRED:
         raise KeyError("rounds")
     return default
-
-
-def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
-    """Compare each release file with the sha256 the certificate recorded when it was
-    written (``files_sha256``); a mismatch is a ReleaseError naming the file."""
-    from dpgrpo.rundir.atomic import sha256_file
-
-    recorded = cert.get("files_sha256") or {}
-    if not isinstance(recorded, dict):
-        raise ReleaseError(f"{release_dir / 'certificate.json'} is damaged (files_sha256)")
-    for name, digest in sorted(recorded.items()):
-        path = release_dir / name
-        if not path.is_file() or sha256_file(path) != digest:
-            raise ReleaseError(f"{path} does not match the sha256 its certificate recorded: the "
-                               "file is damaged; re-create the release with dpgrpo train "
-                               "--resume RUN_DIR")
 
 
 __all__ = ["LEGACY_RELEASE_CONFIG", "MACHINE_FIELDS", "RELEASE_CONFIG", "RELEASE_DIR",

@@ -75,10 +75,10 @@ class ContributorComparison:
 
 
 def count_slots(config: RunConfig) -> int:
-    """The public n a run of ``config`` uses (:func:`dpgrpo.privacy.budget.public_slots`, as
+    """The public n a run of ``config`` uses (:func:`dpgrpo.tasks.splits.public_slots`, as
     the trainer counts it), without loading a model or writing a canary plan. Raises
     ConfigError if n is below the record count."""
-    from dpgrpo.privacy.budget import public_slots
+    from dpgrpo.tasks.splits import public_slots
 
     return public_slots(config).count.n
 

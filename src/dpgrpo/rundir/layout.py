@@ -9,8 +9,9 @@
     RUN_DIR/.lock       the writer's pid (runlock.py)
 
 :class:`RunDir` names these paths and reads what others read from a run: the public config,
-the certificate and whether the release is complete. Writers (checkpoint.py, the trainer,
-privacy/journal.py) take their paths from it.
+the certificate and whether the release is complete, and the release's file names (the
+release package, above this one, re-exports them from :mod:`dpgrpo.release.files`). Writers
+(checkpoint.py, the trainer, privacy/journal.py) take their paths from it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpgrpo.release.files import RELEASE_DIR, read_release_config, release_config_path
+from dpgrpo.errors import DataError, ReleaseError
+from dpgrpo.rundir.atomic import sha256_file
 
+RELEASE_DIR = "release"  # RUN_DIR/release
+RELEASE_CONFIG = "dpgrpo_config.json"
+LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
 CERTIFICATE = "certificate.json"
 ADAPTER = "adapter_model.safetensors"
 
@@ -32,6 +37,35 @@ def read_json_or_none(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+
+
+def release_config_path(release_dir: str | Path) -> Path:
+    """Where a release keeps dpgrpo's config: the current name, or an old release's
+    ``config.json`` when only that exists (and is not a model's config)."""
+    release_dir = Path(release_dir)
+    current, legacy = release_dir / RELEASE_CONFIG, release_dir / LEGACY_RELEASE_CONFIG
+    if not current.exists() and legacy.exists():
+        try:
+            data = json.loads(legacy.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return legacy  # damaged: let the reader name it
+        if isinstance(data, dict) and "model_type" not in data:
+            return legacy
+    return current
+
+
+def read_release_config(release_dir: str | Path) -> dict[str, Any]:
+    """The public config of a release (:data:`RELEASE_CONFIG`, or an old ``config.json``)."""
+    path = release_config_path(release_dir)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"not a dpgrpo release (no {RELEASE_CONFIG})", path=str(path)) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"unreadable release config ({err})", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise DataError("expected a JSON object", path=str(path))
+    return data
 
 
 @dataclass(frozen=True)
@@ -114,4 +148,20 @@ class RunDir:
                 and (self.release / ADAPTER).is_file())
 
 
-__all__ = ["ADAPTER", "CERTIFICATE", "RunDir", "read_json_or_none"]
+def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
+    """Compare each release file with the sha256 the certificate recorded when it was
+    written (``files_sha256``); a mismatch is a ReleaseError naming the file."""
+    recorded = cert.get("files_sha256") or {}
+    if not isinstance(recorded, dict):
+        raise ReleaseError(f"{release_dir / 'certificate.json'} is damaged (files_sha256)")
+    for name, digest in sorted(recorded.items()):
+        path = release_dir / name
+        if not path.is_file() or sha256_file(path) != digest:
+            raise ReleaseError(f"{path} does not match the sha256 its certificate recorded: the "
+                               "file is damaged; re-create the release with dpgrpo train "
+                               "--resume RUN_DIR")
+
+
+__all__ = ["ADAPTER", "CERTIFICATE", "LEGACY_RELEASE_CONFIG", "RELEASE_CONFIG", "RELEASE_DIR",
+           "RunDir", "read_json_or_none", "read_release_config", "release_config_path",
+           "verify_release_files"]

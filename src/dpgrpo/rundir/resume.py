@@ -36,7 +36,7 @@ from dpgrpo.errors import ConfigError, DPGRPOError, LedgerError, RecoveryError
 from dpgrpo.privacy.accounting import PrivacyLedger
 from dpgrpo.privacy.journal import PrivacyJournal
 from dpgrpo.rundir.checkpoint import Checkpoint, checkpoint_dirs
-from dpgrpo.rundir.layout import RunDir
+from dpgrpo.rundir.layout import RunDir, verify_release_files
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +246,6 @@ def release_is_current(run_dir: Path, round_done: int, rounds_charged: int) -> b
 def _release_intact(release: Path, cert: dict[str, Any]) -> bool:
     """Whether every release file matches the sha256 its certificate recorded (a damaged one
     is rewritten from the checkpoint by the caller, with a warning)."""
-    from dpgrpo.release.files import verify_release_files
-
     try:
         verify_release_files(release, cert)
     except DPGRPOError as err:

@@ -21,8 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dpgrpo.errors import DataError
-from dpgrpo.tasks.base import Problem
+from dpgrpo.errors import ConfigError, DataError
+from dpgrpo.privacy.contributors import Contributor, contributor_slot_count
+from dpgrpo.privacy.sampling import SlotCount
+from dpgrpo.tasks.base import LoadedSplit, Problem
 
 MAPPING_FIELDS = ("id", "contributor")
 
@@ -105,5 +107,25 @@ def group_by_contributor(problems: Iterable[Problem]) -> list[tuple[str, list[Pr
     return list(groups.items())
 
 
-__all__ = ["MAPPING_FIELDS", "assign_contributors", "group_by_contributor",
+def contributor_slots(data: Any, task: Any, loaded: LoadedSplit,
+                      canaries: int) -> tuple[list[Contributor | None], SlotCount]:
+    """The contributor slots of a split (before the canaries): its contributors, in order of
+    first appearance, then absent slots up to ``data.n_slots`` - canaries (the count:
+    :func:`dpgrpo.privacy.contributors.contributor_slot_count`)."""
+    if data.n_slots is None:  # before the mapping is read (DataConfig refuses it too)
+        contributor_slot_count(n_slots=None, contributors=0, canaries=canaries)
+    if data.limit is not None:
+        raise ConfigError("data.limit is refused with data.privacy_unit = 'contributor' "
+                          "(a cut before grouping couples contributors)")
+    mapping = read_contributor_map(data.contributors) if data.contributors else None
+    source = data.contributors or f"the {task.name} {data.split} split"
+    groups = group_by_contributor(assign_contributors(loaded.problems, mapping, source=source))
+    count = contributor_slot_count(n_slots=data.n_slots, contributors=len(groups),
+                                   canaries=canaries)
+    slots: list[Contributor | None] = [
+        Contributor(who, tuple((task, p) for p in owned)) for who, owned in groups]
+    return slots + [None] * (count.n - canaries - len(slots)), count
+
+
+__all__ = ["MAPPING_FIELDS", "assign_contributors", "contributor_slots", "group_by_contributor",
            "read_contributor_map"]

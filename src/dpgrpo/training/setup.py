@@ -19,7 +19,7 @@ import torch
 
 from dpgrpo.config import RunConfig
 from dpgrpo.errors import ConfigError
-from dpgrpo.privacy.budget import PublicConstants, public_constants, public_slots
+from dpgrpo.privacy.budget import PublicConstants, public_constants
 from dpgrpo.privacy.contributors import (
     CONTRIBUTOR,
     ProblemChooser,
@@ -30,6 +30,7 @@ from dpgrpo.privacy.record_coins import RecordRandomness
 from dpgrpo.privacy.sampling import SAMPLERS, PoissonSampler, SlotCount
 from dpgrpo.privacy.seeds import derive_seed
 from dpgrpo.rundir.layout import RunDir
+from dpgrpo.tasks.splits import public_slots
 from dpgrpo.training.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.training.grads import trainable_parameters
 
@@ -150,7 +151,7 @@ def resolve_device(name: str) -> torch.device:
 
 def _slots(config: RunConfig, task: Any, run_dir: Path,
            ctx: DistContext) -> tuple[list[Any], SlotCount]:
-    """n public slots (:func:`~dpgrpo.privacy.budget.public_slots`): the split's first valid
+    """n public slots (:func:`~dpgrpo.tasks.splits.public_slots`): the split's first valid
     problems, absent slots, then the canaries."""
     found = public_slots(config, task)
     # found.skipped, the count of invalid records, is private: it reaches no log at any level

@@ -228,7 +228,7 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
                             f"privacy ledger; fix it, then: dpgrpo train --resume "
                             f"{run.run_dir}") from None
     grads = per_prompt_grads(run.model, arm.objective, batch.to(run.device),
-                             method=_grad_method(run.config),
+                             method=grad_method(run.config),
                              rows_per_pass=run.config.train.pass_rows(arm.cap),
                              dropout_seeds=coins.seeds("dropout"))    # line 6
     grads = sum_within_records(grads, plan)                           # one gradient per record
@@ -240,7 +240,7 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
     update_norm = None
     if update.finite:                                                 # line 9
         # per_prompt_grads gives name -> tensor, so the update is a dict too
-        update_norm = _apply(run.model, run.optimizer, cast(dict[str, torch.Tensor],
+        update_norm = apply_update(run.model, run.optimizer, cast(dict[str, torch.Tensor],
                                                             update.update),
                              max_norm=run.config.train.max_update_norm)
     skipped = update_norm is None                                     # invariant 3
@@ -286,7 +286,7 @@ def finish(live: OpenRun, rounds_done: int, *, interrupted: bool = False) -> Tra
                        live.run.steps_skipped, tuple(live.notes))
 
 
-def _grad_method(config: RunConfig) -> str:
+def grad_method(config: RunConfig) -> str:
     """``train.grad_method``, with ``auto`` resolved: the hook path, or the reference path when
     gradient checkpointing is on (the hooks' stashes would defeat it) or only some layers are
     adapted (both paths then skip the backward below the first adapted layer, and on the CPU
@@ -298,8 +298,8 @@ def _grad_method(config: RunConfig) -> str:
     return "reference" if lean else "fast"
 
 
-def _apply(model: Any, optimizer: torch.optim.Optimizer, update: dict[str, torch.Tensor], *,
-           max_norm: float | None = None) -> float | None:
+def apply_update(model: Any, optimizer: torch.optim.Optimizer,
+                 update: dict[str, torch.Tensor], *, max_norm: float | None = None) -> float | None:
     """Use the privatized update as the gradient of an AdamW step (fp32 optimizer state),
     its norm clipped to ``max_norm`` first (post-processing); returns the norm before it.
 
@@ -316,6 +316,9 @@ def _apply(model: Any, optimizer: torch.optim.Optimizer, update: dict[str, torch
     stepped = math.isfinite(norm) and _step_or_undo(optimizer, list(params.values()))
     optimizer.zero_grad(set_to_none=True)
     return norm if stepped else None
+
+
+_apply = apply_update  # its name in tests/test_finite_by_construction.py
 
 
 def _step_or_undo(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
@@ -442,4 +445,4 @@ def _remove_failed_start(run_dir: Path, created: Path | None, made_recovery: boo
         folder.rmdir()
 
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "apply_update", "grad_method", "train"]
