@@ -43,7 +43,7 @@ _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
             "train": TrainConfig, "audit": AuditConfig}
 
 #: keys that were renamed: a config that still uses the old name is refused with the new one
-#: (a run directory saved under the old name is read by dpgrpo.rundir.resume.as_written)
+#: (a run directory saved under the old name is read by dpgrpo.rundir.migrate.as_written)
 RENAMED = {"train.steps": "train.rounds"}
 
 

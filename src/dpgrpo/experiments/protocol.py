@@ -192,12 +192,12 @@ def check_run_dir(config: RunConfig, run_dir: Path) -> None:
     """Raise ConfigError if ``run_dir`` holds a run trained with a config other than ``config``.
 
     A config saved by an earlier dpgrpo lacks the keys added since; each counts as the value
-    its run ran under (:func:`dpgrpo.rundir.resume.as_written`: the default, unless the
+    its run ran under (:func:`dpgrpo.rundir.migrate.as_written`: the default, unless the
     behaviour before the key differs from it), so such a run is refused only if the new config
     sets one of them otherwise.
     """
     from dpgrpo.release.write import public_config
-    from dpgrpo.rundir.resume import as_written
+    from dpgrpo.rundir.migrate import as_written
 
     layout = RunDir(run_dir)
     for path, public in ((layout.config_json, False), (layout.public_config_path, True)):

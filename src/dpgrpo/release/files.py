@@ -1,9 +1,9 @@
 """A run's release/: its file names, and reading it back (light: no torch at import).
 
-``release/dpgrpo_config.json`` holds dpgrpo's resolved public configuration. Releases written
-before 0.2 named it ``config.json``, which made ``AutoModelForCausalLM.from_pretrained(release)``
-mistake it for a model config; :func:`read_release_config` still reads them. Certificates
-written by 0.2.0 or earlier name the rounds T ``steps``; :func:`certified_rounds` reads both.
+``release/dpgrpo_config.json`` holds dpgrpo's resolved public configuration. The old names a
+release may have been written with (``config.json`` before 0.2, a certificate's ``steps`` for T
+until 0.2.0) are read by :mod:`dpgrpo.rundir.migrate`; :func:`read_release_config` and
+:func:`certified_rounds` are re-exported from there.
 
 Writing it is :mod:`dpgrpo.release.write`; publishing it, :mod:`dpgrpo.release.publish`.
 """
@@ -11,7 +11,6 @@ Writing it is :mod:`dpgrpo.release.write`; publishing it, :mod:`dpgrpo.release.p
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +23,11 @@ from dpgrpo.rundir.layout import (
     release_config_path,
     verify_release_files,
 )
+from dpgrpo.rundir.migrate import certified_rounds
 
 #: Everything release/ may hold (release.write.write_release refuses anything else).
 RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", RELEASE_CONFIG,
                            "certificate.json", "README.md"})
-_REQUIRED = object()
 #: Public-config fields that may hold a path of the training machine. A release publishes them
 #: as ``"local model <name>"`` / ``"local data <name>"`` (:func:`dpgrpo.release.write.public_config`),
 #: never the path; :func:`run_config` reads the path back from ``recovery/`` on that machine.
@@ -95,19 +94,6 @@ def read_certificate(release_dir: Path) -> dict[str, Any]:
         raise ReleaseError(f"{path} is damaged (not a certificate: no epsilon/releasable); "
                            "re-create the release with dpgrpo train --resume RUN_DIR")
     return cert
-
-
-def certified_rounds(cert: Mapping[str, Any], default: Any = _REQUIRED) -> Any:
-    """The rounds T a certificate was issued for: its ``rounds``, or ``steps`` in a certificate
-    written by dpgrpo 0.2.0 or earlier (a released run directory outlives the name). Neither:
-    ``default`` if given, else KeyError naming ``rounds``."""
-    if "rounds" in cert:
-        return cert["rounds"]
-    if "steps" in cert:
-        return cert["steps"]
-    if default is _REQUIRED:
-        raise KeyError("rounds")
-    return default
 
 
 __all__ = ["LEGACY_RELEASE_CONFIG", "MACHINE_FIELDS", "RELEASE_CONFIG", "RELEASE_DIR",

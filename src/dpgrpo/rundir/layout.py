@@ -23,10 +23,9 @@ from typing import Any
 
 from dpgrpo.errors import DataError, ReleaseError
 from dpgrpo.rundir.atomic import sha256_file
+from dpgrpo.rundir.migrate import LEGACY_RELEASE_CONFIG, RELEASE_CONFIG, release_config_path
 
 RELEASE_DIR = "release"  # RUN_DIR/release
-RELEASE_CONFIG = "dpgrpo_config.json"
-LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
 CERTIFICATE = "certificate.json"
 ADAPTER = "adapter_model.safetensors"
 
@@ -37,21 +36,6 @@ def read_json_or_none(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-
-
-def release_config_path(release_dir: str | Path) -> Path:
-    """Where a release keeps dpgrpo's config: the current name, or an old release's
-    ``config.json`` when only that exists (and is not a model's config)."""
-    release_dir = Path(release_dir)
-    current, legacy = release_dir / RELEASE_CONFIG, release_dir / LEGACY_RELEASE_CONFIG
-    if not current.exists() and legacy.exists():
-        try:
-            data = json.loads(legacy.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            return legacy  # damaged: let the reader name it
-        if isinstance(data, dict) and "model_type" not in data:
-            return legacy
-    return current
 
 
 def read_release_config(release_dir: str | Path) -> dict[str, Any]:

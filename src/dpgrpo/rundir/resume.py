@@ -37,6 +37,7 @@ from dpgrpo.privacy.accounting import PrivacyLedger
 from dpgrpo.privacy.journal import PrivacyJournal
 from dpgrpo.rundir.checkpoint import Checkpoint, checkpoint_dirs
 from dpgrpo.rundir.layout import RunDir, verify_release_files
+from dpgrpo.rundir.migrate import as_written
 
 log = logging.getLogger(__name__)
 
@@ -62,32 +63,6 @@ def read_run_config(run_dir: Path) -> RunConfig:
             log.warning("%s; using %s", problem, path)
         return config
     raise RecoveryError("; ".join(problems) + ": the run's config cannot be recovered")
-
-
-#: ``train`` keys renamed since a run directory may have been saved: old name -> new name
-_RENAMED_TRAIN = {"chunk_size": "rows_per_pass", "steps": "rounds"}
-
-
-def as_written(data: dict[str, Any]) -> dict[str, Any]:
-    """A saved config with the settings its run ran under, where a key is newer than the run.
-
-    - ``model.kl_reference`` (0.2.x): a run saved without it that started from a warm start
-      took its KL reference with the adapter switched off, so it resumes with ``"base"``;
-    - ``train.rows_per_pass`` (0.2.x) was ``train.chunk_size``;
-    - ``train.rounds`` (0.2.x) was ``train.steps``.
-    """
-    out = dict(data)
-    model = out.get("model")
-    if isinstance(model, dict) and "kl_reference" not in model and model.get("init_adapter"):
-        out["model"] = {**model, "kl_reference": "base"}
-    train = out.get("train")
-    if isinstance(train, dict):
-        for old, new in _RENAMED_TRAIN.items():
-            if old in train:
-                train = {**{k: v for k, v in train.items() if k != old},
-                         new: train.get(new, train[old])}
-        out["train"] = train
-    return out
 
 
 @dataclass(frozen=True)
