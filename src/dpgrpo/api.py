@@ -59,7 +59,7 @@ Overrides = Mapping[str, Any] | Sequence[str] | None
 RewardFn = Callable[..., Any]  # (completion, problem) -> float, or TRL's (dpgrpo.tasks.custom)
 
 
-def _config(config: RunConfig | str | Path | Mapping[str, Any] | None) -> RunConfig:
+def _config(config: RunConfig | str | Path | Mapping[str, object] | None) -> RunConfig:
     if config is None:
         return embedded_default()
     if isinstance(config, RunConfig):
@@ -163,8 +163,8 @@ def train(config: RunConfig | str | Path | Mapping[str, Any] | None = None, *,
                         show_private=show_private)
 
 
-def evaluate(run: str | Path | None = None, *, out: str | Path, model: Any = None,
-             tokenizer: Any = None, task: Any = None, adapter: str | Path | None = None,
+def evaluate(run: str | Path | None = None, *, out: str | Path, model: object = None,
+             tokenizer: object = None, task: object = None, adapter: str | Path | None = None,
              split: str = "eval", limit: int | None = None, device: str | None = None,
              dtype: str | None = None, batch_size: int = 8, max_new_tokens: int | None = None,
              data_dir: str | Path | None = None, source: str | None = None,

@@ -153,7 +153,7 @@ def hub_alias(name: str) -> str | None:
     return None
 
 
-def register_model(name: str, model: Any, tokenizer: Any) -> str:
+def register_model(name: str, model: object, tokenizer: object) -> str:
     """Make an in-memory model loadable under ``name`` (the Python API's ``model=`` object).
 
     ``model`` is a transformers causal LM, to which :func:`load_policy` attaches a fresh LoRA
@@ -168,7 +168,7 @@ def register_model(name: str, model: Any, tokenizer: Any) -> str:
     return name
 
 
-def _is_peft(model: Any) -> bool:
+def _is_peft(model: object) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 

@@ -120,7 +120,7 @@ def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
 REFERENCE_ATTR = "_dpgrpo_reference"
 
 
-def keep_reference(model: Any) -> None:
+def keep_reference(model: object) -> None:
     """Make the adapter's weights as they are now the KL term's reference (a warm start).
 
     A copy of every adapter weight is kept on the model; :func:`reference_policy` computes with
@@ -131,7 +131,7 @@ def keep_reference(model: Any) -> None:
 
 
 @contextmanager
-def reference_policy(model: Any) -> Iterator[None]:
+def reference_policy(model: object) -> Iterator[None]:
     """Run the enclosed no-grad passes as the KL term's reference policy pi_ref.
 
     A model with a kept reference (:func:`keep_reference`: a warm start under
@@ -170,7 +170,7 @@ def _trains(name: str, train: str) -> bool:
     return ".lora_B." in name and name.endswith(".bias")
 
 
-def freeze_adapter(model: Any, train: str) -> None:
+def freeze_adapter(model: object, train: str) -> None:
     """Freeze the adapter weights that ``model.lora_train`` does not train (config.LORA_TRAIN).
 
     A frozen weight keeps its initial value, which depends on no data (a seeded or OS-entropy

@@ -15,7 +15,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,14 +203,14 @@ def _base_key(model_name: str, problems: Sequence[Problem], tasks: Sequence[str]
             "candidates_sha256": digest}
 
 
-def _draw_base(model: Any, tokenizer: Any, problems: Sequence[Problem], tasks: Sequence[str],
+def _draw_base(model: object, tokenizer: object, problems: Sequence[Problem], tasks: Sequence[str],
                settings: SamplingSettings, seed: int) -> list[list[float]]:
     generator = torch.Generator().manual_seed(base_seed(seed))
     return _by_task(problems, tasks, lambda t, ps: base_rewards(
         model, tokenizer, t, ps, settings=settings, generator=generator))
 
 
-def _read_base(path: Path, key: dict[str, Any]) -> list[list[float]] | None:
+def _read_base(path: Path, key: Mapping[str, object]) -> list[list[float]] | None:
     """The saved base samples' rewards when ``path`` exists; ConfigError when they were drawn
     for something else (naming what), DataError when the file is unreadable."""
     if not path.exists():
@@ -259,7 +259,7 @@ def base_samples(path: str | Path, model_name: str, members: str | Path, nonmemb
     return rewards
 
 
-def _write_base(path: Path, key: dict[str, Any], ids: list[str],
+def _write_base(path: Path, key: Mapping[str, object], ids: list[str],
                 rewards: list[list[float]]) -> None:
     from dpgrpo.rundir.atomic import atomic_write_json
 

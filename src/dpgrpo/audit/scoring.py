@@ -130,7 +130,7 @@ def _completion_logprobs(model: Any, batch: Any, batch_size: int) -> np.ndarray:
     return out
 
 
-def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+def _chunks(items: Sequence[object], size: int) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 

@@ -47,7 +47,7 @@ _CLASSES = {"model": ModelConfig, "data": DataConfig, "privacy": PrivacyConfig,
 RENAMED = {"train.steps": "train.rounds"}
 
 
-def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
+def _coerce(section: str, key: str, value: object, *, text: bool = False) -> Any:
     """The value of run-config key ``section.key`` typed strictly by its field (see
     :func:`typed_value`)."""
     dotted = f"{section}.{key}"
@@ -56,7 +56,7 @@ def _coerce(section: str, key: str, value: Any, *, text: bool = False) -> Any:
     return typed_value(_CLASSES[section], section, key, value, text=text)
 
 
-def typed_value(cls: type, section: str, key: str, value: Any, *, text: bool = False) -> Any:
+def typed_value(cls: type, section: str, key: str, value: object, *, text: bool = False) -> Any:
     """``value`` for field ``key`` of the table ``cls`` (``[section]``), typed strictly by the
     field (:func:`dpgrpo.config.values.parse_value`): an unknown key, or a value of the wrong
     type, is a ConfigError naming ``section.key``, never silently converted."""
@@ -78,7 +78,7 @@ def typed_value(cls: type, section: str, key: str, value: Any, *, text: bool = F
 T = typing.TypeVar("T")
 
 
-def table_from_dict(cls: type[T], table: Any, *, section: str, source: str = "config",
+def table_from_dict(cls: type[T], table: object, *, section: str, source: str = "config",
                     text: bool = False) -> T:
     """One TOML table as the frozen dataclass ``cls``: the one strict loader of every table a
     user writes (the run config's sections and the experiment tables ``[protocol]``,
@@ -94,7 +94,7 @@ def table_from_dict(cls: type[T], table: Any, *, section: str, source: str = "co
         raise type(err)(f"{source}: {err}") from None
 
 
-def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConfig:
+def config_from_dict(data: Mapping[str, object], *, source: str = "config") -> RunConfig:
     """Build a RunConfig from nested dicts (TOML sections), rejecting unknown keys."""
     sections: dict[str, Any] = {}
     for section, values in data.items():
@@ -113,7 +113,7 @@ def config_from_dict(data: dict[str, Any], *, source: str = "config") -> RunConf
         raise type(err)(f"{source}: {err}") from None
 
 
-def check_override_table(table: Any, where: str) -> dict[str, Any]:
+def check_override_table(table: object, where: str) -> dict[str, Any]:
     """A table of ``"section.key" = value`` overrides of the run config (a protocol recipe, the
     study's leaky, private-audit and warm-start runs): each key must be a run-config key and
     each value parse as that field's ``--set`` text; ConfigError naming ``where`` otherwise.
@@ -128,7 +128,7 @@ def check_override_table(table: Any, where: str) -> dict[str, Any]:
     return flat
 
 
-def override_text(value: Any) -> str:
+def override_text(value: object) -> str:
     """A TOML or Python value as ``--set`` text: true/false, none, a comma-separated list,
     else str()."""
     if value is None:
@@ -140,7 +140,7 @@ def override_text(value: Any) -> str:
     return str(value)
 
 
-def override_strings(overrides: Mapping[str, Any] | Sequence[str] | None) -> list[str]:
+def override_strings(overrides: Mapping[str, object] | Sequence[str] | None) -> list[str]:
     """``section.key=value`` strings from a mapping ``{"train.rounds": 3}`` (values as
     :func:`override_text` writes them) or a list of such strings (the API's ``overrides``)."""
     if overrides is None:
@@ -150,7 +150,7 @@ def override_strings(overrides: Mapping[str, Any] | Sequence[str] | None) -> lis
     return list(overrides)
 
 
-def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+def _flatten(prefix: str, value: object) -> dict[str, Any]:
     """``{"train": {"learning_rate": x}}`` -> ``{"train.learning_rate": x}``."""
     if not isinstance(value, dict):
         return {prefix: value}
@@ -270,7 +270,7 @@ def split_tables(data: dict[str, Any], *, source: str = "config") -> dict[str, d
     return tables
 
 
-def _recipes(table: Any, where: str) -> dict[str, dict[str, Any]]:
+def _recipes(table: object, where: str) -> dict[str, dict[str, Any]]:
     """``[protocol.recipes.<arm>]`` tables, each a table of run-config overrides."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must hold one table per arm")
@@ -278,7 +278,7 @@ def _recipes(table: Any, where: str) -> dict[str, dict[str, Any]]:
             for arm, recipe in table.items()}
 
 
-def grid_points(table: Any, where: str = "[tune.grid]") -> tuple[GridPoint, ...]:
+def grid_points(table: object, where: str = "[tune.grid]") -> tuple[GridPoint, ...]:
     """``[tune.grid]``: point name -> a list of overrides, or a table of key = value."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table: point name -> overrides")
@@ -308,8 +308,8 @@ _SUBTABLES: dict[str, dict[str, Callable[[Any, str], Any]]] = {
 }
 
 
-def _settings(cls: type[T], name: str, table: Mapping[str, Any], options: Mapping[str, Any],
-              source: str, **extra: Any) -> T:
+def _settings(cls: type[T], name: str, table: Mapping[str, object], options: Mapping[str, object],
+              source: str, **extra: object) -> T:
     """Settings of the table ``[name]``: ``options`` (a command's typed options, None = not
     given) over the table, read by the one strict loader."""
     if not isinstance(table, Mapping):
@@ -324,8 +324,8 @@ def _settings(cls: type[T], name: str, table: Mapping[str, Any], options: Mappin
         raise type(err)(f"{source}: {err}") from None
 
 
-def load_protocol_table(table: Mapping[str, Any], *, source: str = "config",
-                        **options: Any) -> ProtocolSettings:
+def load_protocol_table(table: Mapping[str, object], *, source: str = "config",
+                        **options: object) -> ProtocolSettings:
     """``[protocol]`` settings: ``options`` (CLI values; None = not given) over the table;
     the recipes of the table merged key by key over :data:`DEFAULT_RECIPES`."""
     recipes = {arm: dict(r) for arm, r in DEFAULT_RECIPES.items()}
@@ -338,14 +338,14 @@ def load_protocol_table(table: Mapping[str, Any], *, source: str = "config",
     return _settings(ProtocolSettings, "protocol", table, options, source, recipes=recipes)
 
 
-def load_study_table(table: Mapping[str, Any], *, source: str = "config",
-                     **options: Any) -> StudySettings:
+def load_study_table(table: Mapping[str, object], *, source: str = "config",
+                     **options: object) -> StudySettings:
     """``[study]`` settings: ``options`` (None = not given) over the table."""
     return _settings(StudySettings, "study", table, options, source)
 
 
-def load_tune_table(table: Mapping[str, Any], *, source: str = "config",
-                    **options: Any) -> TuneSettings:
+def load_tune_table(table: Mapping[str, object], *, source: str = "config",
+                    **options: object) -> TuneSettings:
     """``[tune]`` settings: ``options`` (CLI values; None = not given) over the table."""
     if not table.get("proxy") and not options.get("proxy"):
         raise ConfigError(f"{source}: name a public proxy task with --proxy or tune.proxy")

@@ -64,7 +64,7 @@ def comments(text: str, class_name: str) -> dict[str, str]:
     return out
 
 
-def toml(value: Any) -> str:
+def toml(value: object) -> str:
     """A default as a TOML file writes it (None: unset)."""
     if value is None:
         return "None"

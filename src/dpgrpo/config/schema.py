@@ -213,7 +213,7 @@ class DataConfig:
         """The public capacity the problems were chosen by: len(indices), else limit."""
         return len(self.indices) if self.indices is not None else self.limit
 
-    def select(self, problems: Sequence[Any]) -> list[Any]:
+    def select(self, problems: Sequence[object]) -> list[Any]:
         """The problems a prompt-level run trains on: ``problems[i]`` for each of
         ``data.indices`` (an index past the split is refused, naming the key), else the first
         ``data.limit``, else all."""

@@ -79,18 +79,18 @@ Handler = Callable[[str, Any, Found, Out, list[str]], None]
 
 
 def _to(key: str) -> Handler:
-    def put(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+    def put(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
         out[key] = value
     return put
 
 
-def _refuse(name: str, value: Any, reason: str) -> ConfigError:
+def _refuse(name: str, value: object, reason: str) -> ConfigError:
     return ConfigError(f"TRL option {name}={value!r} is refused: {reason}")
 
 
-def _off(*disabled: Any, reason: str) -> Handler:
+def _off(*disabled: object, reason: str) -> Handler:
     """An option dpgrpo accepts only at its 'off' values."""
-    def check(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+    def check(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
         if value not in disabled:
             raise _refuse(name, value, reason)
     return check
@@ -118,18 +118,18 @@ def _scale_rewards(name: str, value: Any, found: Found, out: Out, notes: list[st
     raise _refuse("scale_rewards", value, "not implemented; dpgrpo offers 'group' and 'none'")
 
 
-def _inert(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+def _inert(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
     label = "delta (TRL's two-sided ratio bound, not privacy.delta)" if name == "delta" else name
     if value is not None:
         notes.append(f"{label}={value!r} accepted, without effect: {ON_POLICY}")
 
 
-def _single_pass(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+def _single_pass(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
     if value not in (None, 1):
         raise _refuse("num_iterations", value, REUSE)
 
 
-def _steps_per_generation(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+def _steps_per_generation(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
     accumulation = found.get("gradient_accumulation_steps", 1) or 1
     if value not in (None, accumulation):
         raise _refuse("steps_per_generation", value, f"(gradient_accumulation_steps = "
@@ -158,7 +158,7 @@ def _batch(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> N
                  "Poisson sampling (q = m / n), on one process")
 
 
-def _temperature(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+def _temperature(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
     """TRL divides the logits by its sampling temperature in the loss as well (the policy in
     the loss is the one the completions came from): train.tempered_logprobs does the same."""
     out["train.temperature"] = value
@@ -184,19 +184,19 @@ def _reward_weights(name: str, value: Any, found: Found, out: Out, notes: list[s
     out["reward_weights"] = None if value is None else tuple(float(w) for w in value)
 
 
-def _log_completions(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+def _log_completions(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
     if value:
         raise _refuse("log_completions", value, "completions are generated from private prompts "
                       "and are not outputs the guarantee covers (paper, Section IV (v)); dpgrpo "
                       "writes none to any log or tracker, and has no opt-in that would")
 
 
-def _seed(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+def _seed(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
     notes.append(f"seed={value!r} not used: dpgrpo draws its coins from OS entropy; "
                  "privacy.seed exists for debugging and makes a run unreleasable")
 
 
-def _use_vllm(name: str, value: Any, found: Found, out: Out, notes: list[str]) -> None:
+def _use_vllm(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
     if value:
         out["train.rollout_engine"] = "vllm"
 
@@ -236,7 +236,7 @@ OPTIONS: dict[str, Handler] = {
 }
 
 
-def _read(args: Any, changes: Mapping[str, Any]) -> Found:
+def _read(args: object, changes: Mapping[str, object]) -> Found:
     if isinstance(args, Mapping):
         unknown = sorted(set(args) - set(OPTIONS))
         if unknown:
@@ -252,8 +252,8 @@ def _read(args: Any, changes: Mapping[str, Any]) -> Found:
     return {**found, **changes}
 
 
-def from_trl_config(args: Any = None, *, overrides: Mapping[str, Any] | None = None,
-                    **changes: Any) -> TRLSettings:
+def from_trl_config(args: object = None, *, overrides: Mapping[str, object] | None = None,
+                    **changes: object) -> TRLSettings:
     """Map a TRL ``GRPOConfig`` (or a dict of its options) onto dpgrpo's configuration.
 
     ``changes``: TRL-named options that replace those of ``args`` (``loss_type="dr_grpo"``).

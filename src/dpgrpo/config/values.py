@@ -24,7 +24,7 @@ from typing import Any, Literal
 from dpgrpo.errors import ConfigError
 
 
-def _integer(value: Any) -> int:
+def _integer(value: object) -> int:
     """An int from a TOML int or an override's text; a bool, a float or "2.0" is refused (a
     count written as 2.0 is a typo, and True is not a number)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -51,13 +51,13 @@ def type_name(base: Any) -> str:
         base, getattr(base, "__name__", str(base)))
 
 
-def _is_table(base: Any) -> bool:
+def _is_table(base: object) -> bool:
     """Whether ``base`` is ``Mapping[...]`` / ``dict[...]`` (a TOML table)."""
     origin = typing.get_origin(base) or base
     return isinstance(origin, type) and issubclass(origin, collections.abc.Mapping)
 
 
-def _number(value: Any, text: bool) -> float:
+def _number(value: object, text: bool) -> float:
     """A float from a TOML int or float, or an override's text: a bool or a string in TOML is
     refused (inf and nan parse, and :func:`check_finite` refuses them with the reason)."""
     if isinstance(value, bool) or (not text and isinstance(value, str)):
@@ -67,7 +67,7 @@ def _number(value: Any, text: bool) -> float:
     return float(value)
 
 
-def _scalar(base: Any, value: Any, text: bool, *, strip: bool = True) -> Any:
+def _scalar(base: object, value: object, text: bool, *, strip: bool = True) -> Any:
     """An int, a finite number or a string (a choice's membership is checked by
     :func:`check_choices`); a list's items are stripped of spaces."""
     if base is int:
@@ -132,7 +132,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def choices(literal: Any) -> tuple[str, ...]:
+def choices(literal: object) -> tuple[str, ...]:
     """The strings of a ``Literal[...]`` type, in order."""
     return tuple(typing.get_args(literal))
 

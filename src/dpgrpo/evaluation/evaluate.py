@@ -9,7 +9,7 @@ folder skips the problems already finished (resume).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +86,7 @@ def load_model(model: str, adapter: Path | None, *, dtype: str, device: str) -> 
     return models.load_base_model(model, dtype, device), models.load_tokenizer(model)
 
 
-def _check_same_run(out_dir: Path, identity: dict[str, Any]) -> None:
+def _check_same_run(out_dir: Path, identity: Mapping[str, object]) -> None:
     path = out_dir / SUMMARY_FILE
     if not path.exists():
         return

@@ -57,7 +57,7 @@ class Prediction:
                                   "timed_out": v.timed_out} for name, v in self.scores.items()}}
 
     @classmethod
-    def from_json(cls, obj: Any, path: str, line: int) -> Prediction:
+    def from_json(cls, obj: object, path: str, line: int) -> Prediction:
         def bad(message: str, field: str | None = None) -> DataError:
             return DataError(message, path=path, line=line, field=field)
 
@@ -163,7 +163,7 @@ def summarize(predictions: Sequence[Prediction], *, task: str, model: str,
     }
 
 
-def write_summary(path: str | Path, summary: Mapping[str, Any]) -> None:
+def write_summary(path: str | Path, summary: Mapping[str, object]) -> None:
     """Write ``summary.json`` atomically (keys in contract order)."""
     atomic_write_text(path, json.dumps(dict(summary), indent=2) + "\n")
 

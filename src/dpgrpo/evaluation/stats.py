@@ -44,7 +44,7 @@ from dpgrpo.evaluation.defaults import (  # noqa: E402
 _CHUNK_CELLS = 1 << 22             # cells per random chunk: bounds memory to ~32 MiB per array
 
 
-def as_correctness(x: Any) -> np.ndarray:
+def as_correctness(x: object) -> np.ndarray:
     """Validate a correctness matrix: bool, shape ``(seeds, problems)``; 1-D means one seed."""
     arr = np.asarray(x)
     if arr.ndim == 1:
@@ -58,7 +58,7 @@ def as_correctness(x: Any) -> np.ndarray:
     return arr
 
 
-def pair_seeds(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+def pair_seeds(a: object, b: object) -> tuple[np.ndarray, np.ndarray]:
     """Align the seed rows of two arms into ``k`` seed pairs (Appendix D-A, Table XI).
 
     Equal seed counts pair row ``i`` with row ``i``. An arm with one row (e.g. the greedy
@@ -80,7 +80,7 @@ def pair_seeds(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
     return a[:k], b[:k]
 
 
-def problem_differences(a: Any, b: Any) -> np.ndarray:
+def problem_differences(a: object, b: object) -> np.ndarray:
     """Per-problem pooled differences ``d_j = mean_s A[s,j] - mean_s B[s,j]`` (fractions)."""
     a, b = pair_seeds(a, b)
     return a.mean(axis=0) - b.mean(axis=0)  # (n,)
@@ -106,7 +106,7 @@ def bootstrap_means(d: np.ndarray, *, draws: int, seed: int) -> np.ndarray:
     return out
 
 
-def hierarchical_bootstrap_means(a: Any, b: Any, *, draws: int, seed: int) -> np.ndarray:
+def hierarchical_bootstrap_means(a: object, b: object, *, draws: int, seed: int) -> np.ndarray:
     """Two-level bootstrap distribution of ``mean_s A - mean_s B`` (fractions): each draw
     resamples the seeds of each arm (training runs: independent across arms, so each arm's
     own, with replacement), then the ``n`` problems (once, shared by both arms, so the
@@ -137,7 +137,7 @@ def hierarchical_bootstrap_means(a: Any, b: Any, *, draws: int, seed: int) -> np
     return out
 
 
-def seed_test(a: Any, b: Any) -> float | None:
+def seed_test(a: object, b: object) -> float | None:
     """Two-sided p of a test over seeds (runs), not problems: Welch's t-test on the arms'
     per-seed accuracies; against an arm with one row (a fixed model) the one-sample t-test of
     the other arm's seeds against its accuracy. None when neither arm has two seeds, or when
@@ -160,7 +160,7 @@ def seed_test(a: Any, b: Any) -> float | None:
 MIN_SEEDS_FOR_CLAIM = 5
 
 
-def bootstrap_interval(a: Any, b: Any, *, draws: int = DEFAULT_BOOTSTRAP_DRAWS,
+def bootstrap_interval(a: object, b: object, *, draws: int = DEFAULT_BOOTSTRAP_DRAWS,
                        seed: int = DEFAULT_SEED, level: float = 0.95) -> tuple[float, float]:
     """Percentile problem-cluster bootstrap interval for ``Delta`` in pp (Section VII-E).
 
@@ -181,7 +181,7 @@ class McNemar:
     p: float
 
 
-def mcnemar_exact(a: Any, b: Any) -> McNemar:
+def mcnemar_exact(a: object, b: object) -> McNemar:
     """Exact McNemar test for one seed pair (Section VII-E).
 
     With discordant counts ``b = #(A right, B wrong)``, ``c = #(A wrong, B right)``:
@@ -214,7 +214,7 @@ def holm(pvalues: Sequence[float]) -> np.ndarray:
     return out
 
 
-def sign_randomization_pvalue(d: Any, *, draws: int = DEFAULT_SIGN_DRAWS,
+def sign_randomization_pvalue(d: object, *, draws: int = DEFAULT_SIGN_DRAWS,
                               seed: int = DEFAULT_SEED) -> float:
     """Two-sided sign-randomization p-value of the pooled difference (Section VII-E).
 
@@ -240,7 +240,7 @@ def sign_randomization_pvalue(d: Any, *, draws: int = DEFAULT_SIGN_DRAWS,
     return (1 + hits) / (draws + 1)
 
 
-def minimum_detectable_effect(d: Any, *, alpha: float = 0.05, power: float = 0.8) -> float:
+def minimum_detectable_effect(d: object, *, alpha: float = 0.05, power: float = 0.8) -> float:
     """Two-sided minimum detectable effect in pp (Section VII-E).
 
     ``MDE = (z_{1-alpha/2} + z_{power}) * SE``, ``SE = 100 * sd(d_j, ddof=1) / sqrt(n)``, the
@@ -264,7 +264,7 @@ class SeedSummary:
     t_interval: tuple[float, float] | None
 
 
-def seed_differences(a: Any, b: Any, *, level: float = 0.95) -> SeedSummary:
+def seed_differences(a: object, b: object, *, level: float = 0.95) -> SeedSummary:
     """Per-seed-pair differences ``D_s = 100 (mean_j A[s,j] - mean_j B[s,j])``.
 
     ``sd`` is the sample sd (ddof=1) of ``D_s`` and the interval is
@@ -320,7 +320,7 @@ class Contrast:
         return out
 
 
-def jsonable(x: Any) -> Any:
+def jsonable(x: object) -> Any:
     """Recursively turn tuples into lists, NaN into None and numpy scalars into Python ones."""
     if isinstance(x, dict):
         return {k: jsonable(v) for k, v in x.items()}
@@ -333,7 +333,7 @@ def jsonable(x: Any) -> Any:
     return x
 
 
-def contrast(a: Any, b: Any, *, draws: int = DEFAULT_BOOTSTRAP_DRAWS,
+def contrast(a: object, b: object, *, draws: int = DEFAULT_BOOTSTRAP_DRAWS,
              sign_draws: int = DEFAULT_SIGN_DRAWS, seed: int = DEFAULT_SEED,
              level: float = 0.95, alpha: float = 0.05, power: float = 0.8) -> Contrast:
     """Every statistic of Section VII-E for arm A minus arm B.

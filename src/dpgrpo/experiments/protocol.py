@@ -168,7 +168,7 @@ def plan_protocol(config: RunConfig, settings: ProtocolSettings, out_dir: str | 
     return ProtocolPlan(out_dir, config, settings, budget, n_eval, tuple(runs))
 
 
-def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
+def _differences(saved: object, wanted: object, prefix: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(wanted, dict):
         keys = dict.fromkeys((*saved, *wanted))
         return [d for k in keys for d in _differences(saved.get(k), wanted.get(k),
@@ -176,7 +176,7 @@ def _differences(saved: Any, wanted: Any, prefix: str = "") -> list[str]:
     return [] if saved == wanted else [prefix.rstrip(".")]
 
 
-def _with_defaults(saved: Any, defaults: Any) -> Any:
+def _with_defaults(saved: object, defaults: object) -> Any:
     """``saved`` with every key it lacks taken from ``defaults`` (recursively)."""
     if not (isinstance(saved, dict) and isinstance(defaults, dict)):
         return saved
@@ -289,7 +289,7 @@ def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
     return max((float(c["epsilon"]) for _, c in private), default=math.inf)
 
 
-def _budget_term(cert: Mapping[str, Any], key: str) -> Any:
+def _budget_term(cert: Mapping[str, object], key: str) -> Any:
     """``cert[key]``, T read from an old certificate's ``steps`` too (None when absent)."""
     return certified_rounds(cert, None) if key == "rounds" else cert.get(key)
 

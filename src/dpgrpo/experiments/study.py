@@ -106,7 +106,7 @@ class _Study:
 
     @classmethod
     def load(cls, config_path: str | Path, out_dir: str | Path,
-             overrides: Mapping[str, Any] | None = None) -> "_Study":
+             overrides: Mapping[str, object] | None = None) -> "_Study":
         """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings (and
         ``seeds``: that many runs of every trained arm, private and non-private)."""
         from dpgrpo.experiments.protocol import plan_protocol
@@ -138,7 +138,7 @@ class _Study:
     def private(self) -> RunConfig:
         return self._audited_config(self.settings.private_audit)
 
-    def _audited_config(self, table: Mapping[str, Any]) -> RunConfig:
+    def _audited_config(self, table: Mapping[str, object]) -> RunConfig:
         """An audited run's config: its table's overrides, trained on the recorded split's
         members only (``data.indices``; :func:`draw_split`, done first by :func:`run_study`)."""
         split = read_split(self.audit(SPLIT_JSON))
@@ -359,7 +359,7 @@ _PERMUTED = (("private-mia", "DP-GRPO audit"), ("leaky-mia", "leaky audit"),
              ("dp-leaky-mia", "leaky recipe under DP"))
 
 
-def _worker(config_path: str, out_dir: str, overrides: dict[str, Any], name: str, sweep: bool,
+def _worker(config_path: str, out_dir: str, overrides: Mapping[str, object], name: str, sweep: bool,
             threads: int, verbose: bool) -> None:
     """One task in a worker process (spawned: nothing but these public arguments crosses)."""
     import sys
@@ -373,7 +373,7 @@ def _worker(config_path: str, out_dir: str, overrides: dict[str, Any], name: str
     _tasks(st, sweep)[name](Steps(say, st.out / "steps" / f"{name}.json"))
 
 
-def _run_tasks(st: _Study, overrides: dict[str, Any], sweep: bool, say: Say,
+def _run_tasks(st: _Study, overrides: Mapping[str, object], sweep: bool, say: Say,
                verbose: bool) -> None:
     """Every task, in this process or (``study.workers`` > 1) in that many worker processes
     at once, each with ``cores // workers`` torch threads

@@ -99,7 +99,7 @@ class Steps:
         return round(total, 1)            # the rows hold tenths of a second
 
 
-def override_list(table: Mapping[str, Any]) -> list[str]:
+def override_list(table: Mapping[str, object]) -> list[str]:
     return [f"{k}={override_text(v)}" for k, v in table.items()]
 
 
@@ -297,7 +297,7 @@ def canary_audit(run_dir: Path, out: Path, settings: StudySettings) -> dict[str,
     return canary_summary(outcome)
 
 
-def whitebox_audit(cert: Mapping[str, Any], out: Path) -> dict[str, Any]:
+def whitebox_audit(cert: Mapping[str, object], out: Path) -> dict[str, Any]:
     """The white-box mechanism audit (model-free, gradient canaries) at the DP-GRPO run's
     certificate: a check of the mechanism, which the canary and DIBA audits cannot be."""
     from dpgrpo.audit.mechanism_audit import audit_mechanism, setup_from_certificate

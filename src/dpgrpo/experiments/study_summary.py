@@ -34,14 +34,14 @@ def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str,
             (report.get("base"), WARM_START) else min(row.get("n_seeds") or [1, 1])}
 
 
-def _runs_keys(key: str, c: Mapping[str, Any]) -> dict[str, Any]:
+def _runs_keys(key: str, c: Mapping[str, object]) -> dict[str, Any]:
     """``<key>_ci_runs`` (seeds then problems), ``<key>_seed_p`` (Welch over seeds) and
     ``<key>_seeds`` (the fewer seeds of the two arms) of one headline contrast."""
     return {f"{key}_ci_runs": c["ci_runs"], f"{key}_seed_p": c["seed_p"],
             f"{key}_seeds": c["seeds"]}
 
 
-def jsonable(x: Any) -> Any:
+def jsonable(x: object) -> Any:
     return json.loads(json.dumps(x, default=str))
 
 

@@ -47,7 +47,7 @@ from dpgrpo.config.experiments import (
 from dpgrpo.errors import ConfigError, PrivacyError
 
 
-def parse_grid(table: Mapping[str, Any]) -> tuple[GridPoint, ...]:
+def parse_grid(table: Mapping[str, object]) -> tuple[GridPoint, ...]:
     """A ``[tune.grid]`` table (point name -> list of overrides, or a table of key = value),
     each override checked against the run config's schema."""
     from dpgrpo.config.loading import grid_points
@@ -55,7 +55,7 @@ def parse_grid(table: Mapping[str, Any]) -> tuple[GridPoint, ...]:
     return grid_points(dict(table))
 
 
-def load_tune(path: str | Path, overrides: Sequence[str] = (), **options: Any
+def load_tune(path: str | Path, overrides: Sequence[str] = (), **options: object
               ) -> tuple[RunConfig, TuneSettings]:
     """The private config (its ``[tune]``, ``[protocol]`` and ``[study]`` tables stripped) and
     the tune settings: CLI ``options`` (None = not given) over the ``[tune]`` table, read by the
@@ -197,7 +197,7 @@ def _run_base(config: RunConfig, settings: TuneSettings, out: Path, n: int) -> d
     return {"accuracy": summary["accuracy"]["strict"]}
 
 
-def _worker(config: dict[str, Any], settings: dict[str, Any], what: str, out: str,
+def _worker(config: Mapping[str, object], settings: Mapping[str, object], what: str, out: str,
             n: int, threads: int) -> dict[str, Any]:
     """One task in a spawned worker (only public values cross)."""
     import torch

@@ -201,7 +201,7 @@ def prompt_row_chunks(num_rows: int, rows_per_prompt: int,
             for c in range(0, rows_per_prompt, step)]
 
 
-def reference_logprobs(policy_model: torch.nn.Module, rollouts: Any, *,
+def reference_logprobs(policy_model: torch.nn.Module, rollouts: object, *,
                        batch_size: int | None = None,
                        trunk: Trunk | None = None, temperature: float = 1.0,
                        share_prompt: bool = True) -> torch.Tensor:

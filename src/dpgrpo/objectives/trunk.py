@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -107,7 +107,7 @@ class _Window:
         self.decoder, self.lower, self.stored, self.record = decoder, lower, stored, record
         self.calls, self.complete = 0, record is not None
 
-    def __call__(self, **kwargs: Any) -> Any:
+    def __call__(self, **kwargs: object) -> Any:
         """``decoder(**kwargs)``, the frozen layers replayed or recorded where they can be."""
         i, self.calls = self.calls, self.calls + 1
         if self.lower is not None and self.stored is not None and i < len(self.stored) \
@@ -128,7 +128,7 @@ class _Window:
         return out
 
     def _replay(self, lower: torch.nn.ModuleList, state: torch.Tensor,
-                kwargs: dict[str, Any]) -> Any:
+                kwargs: Mapping[str, object]) -> Any:
         if any("forward" in vars(layer) for layer in lower):   # already wrapped (accelerate)
             return self.decoder(**kwargs)
         for index, layer in enumerate(lower):
@@ -141,7 +141,7 @@ class _Window:
                 vars(layer).pop("forward", None)       # the class's forward again
 
 
-def _plain_cache(kwargs: dict[str, Any]) -> bool:
+def _plain_cache(kwargs: Mapping[str, object]) -> bool:
     """No cache, or transformers' plain ``DynamicCache`` of ``DynamicLayer`` s."""
     cache = next((kwargs[k] for k in _CACHE_KEYWORDS if kwargs.get(k) is not None), None)
     if cache is None:

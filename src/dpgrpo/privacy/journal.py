@@ -31,6 +31,7 @@ import errno
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,13 @@ from dpgrpo.privacy.accounting import PrivacyLedger
 KINDS = ("charge", "recovered", "torn")
 
 
-def _digest(record: dict[str, Any]) -> str:
+def _digest(record: Mapping[str, object]) -> str:
     body = {k: v for k, v in record.items() if k != "sha256"}
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def encode_line(record: dict[str, Any]) -> bytes:
+def encode_line(record: Mapping[str, object]) -> bytes:
     """One journal line (with its checksum and the final newline)."""
     record = {**record, "sha256": _digest(record)}
     return (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
@@ -125,7 +126,7 @@ def _legacy_line(raw: bytes) -> dict[str, Any] | None:
     return record
 
 
-def _check_parameters(record: dict[str, Any], path: Path, number: int, q: float,
+def _check_parameters(record: Mapping[str, object], path: Path, number: int, q: float,
                       sigma: float) -> None:
     if (record["sampling_rate"], record["noise_multiplier"]) != (q, sigma):
         raise LedgerError(

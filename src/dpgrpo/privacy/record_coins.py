@@ -198,7 +198,7 @@ class RecordRandomness(RoundKeyed):
         """Nothing to restore: secure keys are fresh, seeded keys a function of the round."""
         return {"source": "os-entropy"} if self.secure else {"source": "seeded", "seed": self.seed}
 
-    def load_state_dict(self, state: Any) -> None:
+    def load_state_dict(self, state: object) -> None:
         if isinstance(state, dict) and state.get("source") == "seeded" and self.secure:
             raise PrivacyError("cannot restore a seeded record-randomness state into a "
                                "secure run")

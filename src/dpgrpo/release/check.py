@@ -22,6 +22,7 @@ call).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,7 @@ def check_release(path: str | Path, *, epsilon: bool = True, finite: bool = True
     return ReleaseCheck(release, checks, cert, certified, recomputed, guarantee_sentence(cert))
 
 
-def _check_files(release: Path, cert: dict[str, Any]) -> Check:
+def _check_files(release: Path, cert: Mapping[str, object]) -> Check:
     from dpgrpo.rundir.atomic import sha256_file
 
     missing = [name for name in REQUIRED_FILES if not (release / name).is_file()]
@@ -151,13 +152,13 @@ def _check_finite(adapter: Path) -> Check:
     return Check("finite", True, f"all {len(tensors)} tensors of {adapter.name} are finite")
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
 
 
-def _delta_pld(cert: dict[str, Any]) -> float | None:
+def _delta_pld(cert: Mapping[str, object]) -> float | None:
     """The delta the accountant was asked about: ``delta_pld``, else delta less the noise tail."""
     pld = _number(cert.get("delta_pld"))
     if pld is not None:
@@ -166,7 +167,7 @@ def _delta_pld(cert: dict[str, Any]) -> float | None:
     return None if delta is None else delta - tail
 
 
-def _public_rounds(cert: dict[str, Any]) -> tuple[float, float, int] | str:
+def _public_rounds(cert: Mapping[str, object]) -> tuple[float, float, int] | str:
     """(q, sigma, rounds charged) from the certificate, or why they cannot be had."""
     q, sigma = _number(cert.get("q")), _number(cert.get("sigma"))
     n, m = _number(cert.get("n")), _number(cert.get("expected_batch"))
@@ -180,7 +181,7 @@ def _public_rounds(cert: dict[str, Any]) -> tuple[float, float, int] | str:
     return q, sigma, rounds
 
 
-def _check_epsilon(cert: dict[str, Any]) -> tuple[Check, float | None]:
+def _check_epsilon(cert: Mapping[str, object]) -> tuple[Check, float | None]:
     from dpgrpo.privacy.accounting import PrivacyLedger, RoundEvent, epsilon
 
     certified = _number(cert.get("epsilon"))
@@ -219,7 +220,7 @@ def _check_epsilon(cert: dict[str, Any]) -> tuple[Check, float | None]:
                                   f"{EPSILON_TOLERANCE:g})"), recomputed
 
 
-def _check_delta(cert: dict[str, Any]) -> Check:
+def _check_delta(cert: Mapping[str, object]) -> Check:
     from dpgrpo.privacy.noise import noise_tail_delta
 
     delta, pld, eps = _number(cert.get("delta")), _delta_pld(cert), _number(cert.get("epsilon"))
@@ -241,7 +242,7 @@ def _check_delta(cert: dict[str, Any]) -> Check:
                                 f"{pld:.6g} plus the noise tail {tail:.3g}")
 
 
-def format_epsilon(value: Any) -> str:
+def format_epsilon(value: object) -> str:
     """Epsilon for people: ``8.00``, ``0.0123``, ``inf`` (the certificate keeps the exact value)."""
     number = _number(value)
     if number is None:
@@ -251,13 +252,13 @@ def format_epsilon(value: Any) -> str:
     return f"{number:.2f}" if number >= 0.1 else f"{number:.3g}"
 
 
-def format_delta(value: Any) -> str:
+def format_delta(value: object) -> str:
     """Delta for people: ``9.9e-05`` (two significant digits)."""
     number = _number(value)
     return str(value) if number is None else f"{number:.2g}"
 
 
-def guarantee_sentence(cert: dict[str, Any]) -> str:
+def guarantee_sentence(cert: Mapping[str, object]) -> str:
     """The certificate's guarantee in one sentence."""
     eps = _number(cert.get("epsilon"))
     if cert.get("private") is False or eps is None or math.isinf(eps):

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
         fsync_file(path)
 
 
-def public_config(config: dict[str, Any]) -> dict[str, Any]:
+def public_config(config: Mapping[str, object]) -> dict[str, Any]:
     """``config`` as a release publishes it: each :data:`~dpgrpo.release.files.MACHINE_FIELDS`
     value that is a path of this machine becomes ``"local model <basename>"`` (the model, the
     warm start) or ``"local data <basename>"`` (the data folder, the contributors file); an
@@ -153,7 +154,7 @@ def _release_readme(cert: dict[str, Any]) -> str:
               "NOT releasable (seeded generators or a non-private arm)")
     protects = ""
     if isinstance(cert.get("replace_one"), dict):  # what each figure protects (privacy/neighbours.py)
-        def fig(f: dict[str, Any]) -> str:
+        def fig(f: Mapping[str, object]) -> str:
             return (f"({format_epsilon(f.get('epsilon'))}, {format_delta(f.get('delta'))}) "
                     f"[{f.get('method')}]")
 
@@ -183,7 +184,7 @@ def _release_readme(cert: dict[str, Any]) -> str:
             f"see certificate.json and {RELEASE_CONFIG} (the public training config).\n")
 
 
-def _figure(value: Any) -> str:
+def _figure(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 

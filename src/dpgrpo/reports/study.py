@@ -54,14 +54,14 @@ def write_results(results: Mapping[str, Any], out: Path, *, figures: Path,
     return {"json": out / "cpu-study.json", "md": out / "cpu-study.md"}
 
 
-def relative_paths(obj: Any, out_dir: Path) -> Any:
+def relative_paths(obj: object, out_dir: Path) -> Any:
     """``obj`` with every absolute path of this machine written relative: under the study's
     output folder relative to it (``warm-start/release``), else under the working folder
     relative to that; a committed page or record names no folder of the machine that ran it.
     Other strings are left as they are."""
     roots = [Path(out_dir).resolve(), Path.cwd().resolve()]
 
-    def fix(x: Any) -> Any:
+    def fix(x: object) -> Any:
         if isinstance(x, Mapping):
             return {k: fix(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
@@ -282,7 +282,7 @@ def _auc_side_notes(s: Mapping[str, Any], results: Mapping[str, Any]) -> str:
     return "".join(notes)
 
 
-def _sequential_note(s: Mapping[str, Any]) -> str:
+def _sequential_note(s: Mapping[str, object]) -> str:
     """The stopping rule, when the study's permutation tests used it."""
     h = s.get("audit_leaky_auc_stop_after")
     if h is None:
@@ -334,7 +334,7 @@ def _few_seeds(s: Mapping[str, Any]) -> list[str]:
             f"{MIN_SEEDS_FOR_CLAIM}` or more before making the claim."]
 
 
-def _seed_spread(report: Mapping[str, Any], arm: str = "dp-grpo",
+def _seed_spread(report: Mapping[str, object], arm: str = "dp-grpo",
                  comparator: str = "zero-advantage") -> str:
     """Per-seed ``arm - comparator`` differences and their t-interval, with several seeds,
     labelled by the contrast they are seeds of."""
@@ -355,13 +355,13 @@ def _without_sweep(s: Mapping[str, Any]) -> str:
         f" ({rest / 60:.1f} min without the epsilon sweep)"
 
 
-def _workers(results: Mapping[str, Any]) -> str:
+def _workers(results: Mapping[str, object]) -> str:
     n = results.get("workers", 1)
     return "" if n == 1 else (f", {n} worker processes running independent steps at once (the "
                               "steps' seconds overlap; the wall time is their union)")
 
 
-def _ceiling(mia: Mapping[str, Any]) -> str:
+def _ceiling(mia: Mapping[str, object]) -> str:
     value = mia.get("certified_auc_ceiling")
     return "" if value is None else f"{value:.3f}"
 

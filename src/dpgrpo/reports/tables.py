@@ -156,14 +156,14 @@ _KEYS = {"configuration": ("configuration", "name"), "n": ("n",), "m": ("m", "ba
          "order": ("rdp_order", "order")}
 
 
-def _get(row: Mapping[str, Any], key: str, i: int) -> Any:
+def _get(row: Mapping[str, object], key: str, i: int) -> Any:
     for k in _KEYS[key]:
         if row.get(k) is not None:
             return row[k]
     raise DataError(f"missing {' / '.join(_KEYS[key])}", line=i, field=_KEYS[key][0])
 
 
-def _num(row: Mapping[str, Any], key: str, i: int) -> float:
+def _num(row: Mapping[str, object], key: str, i: int) -> float:
     value = _get(row, key, i) if key in _KEYS else row[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         field = _KEYS[key][0] if key in _KEYS else key
@@ -171,7 +171,7 @@ def _num(row: Mapping[str, Any], key: str, i: int) -> float:
     return float(value)
 
 
-def privacy_budget_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def privacy_budget_table(rows: Sequence[Mapping[str, object]]) -> str:
     """Table VI-style markdown: configuration, n, (m, σ, T), PLD ε, RDP ε (order) (App. A-F).
 
     Each row is a plain dict with ``configuration``, ``n``, ``m``, ``sigma``, ``T`` (or

@@ -67,13 +67,13 @@ def _register() -> bool:
     return True
 
 
-def _config(model: Any) -> Any:
+def _config(model: object) -> Any:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return getattr(base, "config", None)
 
 
 @contextlib.contextmanager
-def grouped_decoding(model: Any) -> Iterator[bool]:
+def grouped_decoding(model: object) -> Iterator[bool]:
     """Within the block, ``model``'s ``sdpa`` attention runs decoding steps through
     :func:`grouped_decode_attention`; yields whether it was switched."""
     config = _config(model)

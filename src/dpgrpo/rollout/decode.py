@@ -73,8 +73,8 @@ if DynamicLayer is not None:
         def _view(self) -> None:
             self.keys, self.values = self._k[:, :, :self.length], self._v[:, :, :self.length]
 
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+                   **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
             end = self.length + key_states.shape[-2]
@@ -120,7 +120,7 @@ if DynamicLayer is not None:
 StaticLayer = make_static_layer(PreallocatedLayer) if DynamicLayer is not None else type(None)
 
 
-def new_cache(model: Any, capacity: int, layer: type | None = None) -> Any:
+def new_cache(model: object, capacity: int, layer: type | None = None) -> Any:
     """A cache for ``model`` whose full-attention layers are preallocated for ``capacity``
     positions, as ``layer`` (default :class:`PreallocatedLayer`); other layer kinds, e.g.
     sliding windows, keep their own transformers class."""
@@ -137,7 +137,7 @@ def new_cache(model: Any, capacity: int, layer: type | None = None) -> Any:
     return cache
 
 
-def plain_cache(model: Any) -> Any:
+def plain_cache(model: object) -> Any:
     """transformers' own ``DynamicCache`` for ``model`` (keys and values concatenated, so a
     forward through it can be differentiated; the preallocated layers write in place)."""
     try:
@@ -146,11 +146,11 @@ def plain_cache(model: Any) -> Any:
         return DynamicCache()
 
 
-def _base(model: Any) -> Any:
+def _base(model: object) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def cache_keyword(model: Any) -> str:
+def cache_keyword(model: object) -> str:
     """``cache`` (transformers >= 5.2x) or ``past_key_values``: the forward's cache argument."""
     params = inspect.signature(_base(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"

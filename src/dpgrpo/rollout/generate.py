@@ -39,7 +39,7 @@ from dpgrpo.rollout.engine import check_request, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
 
 
-def generate(model: Any, tokenizer: Any, user_messages: list[Message], *, group_size: int,
+def generate(model: object, tokenizer: object, user_messages: list[Message], *, group_size: int,
              temperature: float, max_new_tokens: int,
              generator: torch.Generator | None = None,
              batch_size: int | None = None, isolated: bool = False,

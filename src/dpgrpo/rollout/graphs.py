@@ -48,8 +48,8 @@ def make_static_layer(base: type) -> type:
             """From now on write one position at ``slot`` and return the whole allocation."""
             self.slot = slot
 
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+                   **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
             if self.slot is None:                            # the prefill: the usual path
                 return super().update(key_states, value_states, *args, **kwargs)
             self._k.index_copy_(2, self.slot, key_states)

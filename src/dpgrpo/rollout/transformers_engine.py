@@ -112,7 +112,7 @@ def _lora_layers(model: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def merged_adapter(model: Any) -> Iterator[None]:
+def merged_adapter(model: object) -> Iterator[None]:
     """Decode with ``W + scale B A`` as each adapted layer's weight, the LoRA path switched off.
 
     One product per layer instead of three: on the CPU the 2 x 7 x L small LoRA products of a

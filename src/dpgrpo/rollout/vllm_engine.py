@@ -108,7 +108,7 @@ def base_model_path(name: str) -> tuple[str, str]:
     return str(cache / "model"), str(cache / "tokenizer")
 
 
-def _rank(model: Any) -> int:
+def _rank(model: object) -> int:
     """The smallest ``max_lora_rank`` vLLM accepts that holds the adapter's rank."""
     wanted = max((int(getattr(cfg, "r", 8)) for cfg in getattr(model, "peft_config", {}).values()),
                  default=8)

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from dpgrpo.errors import DiskFullError, ReadOnlyError
 
@@ -118,7 +118,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             raise
 
 
-def atomic_write_json(path: str | Path, data: Any) -> None:
+def atomic_write_json(path: str | Path, data: object) -> None:
     """Write ``data`` as sorted, indented JSON, atomically."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 

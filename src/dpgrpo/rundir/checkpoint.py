@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -63,9 +64,9 @@ def remove_temporaries(run_dir: Path) -> list[str]:
     return sorted(p.name for p in found)
 
 
-def save_recovery(recovery_dir: Path, round_done: int, *, model: Any,
-                  optimizer: torch.optim.Optimizer, generators: dict[str, Any],
-                  extra: dict[str, Any]) -> Path:
+def save_recovery(recovery_dir: Path, round_done: int, *, model: object,
+                  optimizer: torch.optim.Optimizer, generators: Mapping[str, object],
+                  extra: Mapping[str, object]) -> Path:
     """Write ``recovery/step-XXXXXX`` atomically and point ``recovery/latest`` at it.
 
     ``step-XXXXXX/meta.json`` repeats ``round_done`` and the ledger (``extra["ledger"]``) so
@@ -191,7 +192,7 @@ def _restorable(model: Any) -> dict[str, torch.nn.Parameter]:
     return {**adapter_parameters(model), **trainable}
 
 
-def restore_adapter(model: Any, adapter: dict[str, torch.Tensor]) -> None:
+def restore_adapter(model: object, adapter: dict[str, torch.Tensor]) -> None:
     """Copy saved adapter tensors back into the model (names must match exactly)."""
     params = _restorable(model)
     if set(params) != set(adapter):

@@ -17,6 +17,7 @@ release package, above this one, re-exports them from :mod:`dpgrpo.release.files
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ class RunDir:
                 and (self.release / ADAPTER).is_file())
 
 
-def verify_release_files(release_dir: Path, cert: dict[str, Any]) -> None:
+def verify_release_files(release_dir: Path, cert: Mapping[str, object]) -> None:
     """Compare each release file with the sha256 the certificate recorded when it was
     written (``files_sha256``); a mismatch is a ReleaseError naming the file."""
     recorded = cert.get("files_sha256") or {}

@@ -70,7 +70,7 @@ def release_config_path(release_dir: str | Path) -> Path:
     return current
 
 
-def certified_rounds(cert: Mapping[str, Any], default: Any = _REQUIRED) -> Any:
+def certified_rounds(cert: Mapping[str, object], default: object = _REQUIRED) -> Any:
     """The rounds T a certificate was issued for: its ``rounds``, or ``steps`` in a certificate
     written by dpgrpo 0.2.0 or earlier (a released run directory outlives the name). Neither:
     ``default`` if given, else KeyError naming ``rounds``."""

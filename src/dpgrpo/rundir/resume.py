@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,7 @@ def _json(path: Path) -> Any:
         return None
 
 
-def _ledger_rounds(data: Any, source: str, q: float, sigma: float) -> int | None:
+def _ledger_rounds(data: object, source: str, q: float, sigma: float) -> int | None:
     """Rounds of a saved ledger, after checking that it was charged at (q, sigma)."""
     if not isinstance(data, dict):
         return None
@@ -107,7 +108,7 @@ def gather_evidence(run_dir: Path, q: float, sigma: float,
     """Every record besides the journal that bounds the rounds charged from below."""
     recovery, found = RunDir(run_dir).recovery, []
 
-    def add(rounds: Any, source: str, reached: Any = None) -> None:
+    def add(rounds: object, source: str, reached: object = None) -> None:
         if isinstance(rounds, int) and rounds > 0:
             found.append(Evidence(rounds, source, reached if isinstance(reached, int) else None))
 
@@ -218,7 +219,7 @@ def release_is_current(run_dir: Path, round_done: int, rounds_charged: int) -> b
             and _release_intact(layout.release, cert))
 
 
-def _release_intact(release: Path, cert: dict[str, Any]) -> bool:
+def _release_intact(release: Path, cert: Mapping[str, object]) -> bool:
     """Whether every release file matches the sha256 its certificate recorded (a damaged one
     is rewritten from the checkpoint by the caller, with a warning)."""
     try:

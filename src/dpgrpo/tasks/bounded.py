@@ -41,7 +41,7 @@ class CheckTimeout(BaseException):
     swallows ``Exception`` (math-verify does) cannot hide it."""
 
 
-def run_bounded(fn: Callable[..., T], args: tuple[Any, ...], timeout_s: float, *,
+def run_bounded(fn: Callable[..., T], args: tuple[object, ...], timeout_s: float, *,
                 mode: Mode = "auto") -> tuple[T | None, bool]:
     """Call ``fn(*args)`` with a wall-clock bound; return ``(result, timed_out)``.
 
@@ -62,7 +62,7 @@ def _raise_timeout(signum: int, frame: object) -> None:
     raise CheckTimeout()
 
 
-def _run_with_signal(fn: Callable[..., T], args: tuple[Any, ...],
+def _run_with_signal(fn: Callable[..., T], args: tuple[object, ...],
                      timeout_s: float) -> tuple[T | None, bool]:
     old_handler = signal.signal(signal.SIGALRM, _raise_timeout)
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, 0)  # disarm and remember
@@ -153,7 +153,7 @@ class _Worker:
                     stream.close()
         self._proc = None
 
-    def call(self, fn: Callable[..., T], args: tuple[Any, ...],
+    def call(self, fn: Callable[..., T], args: tuple[object, ...],
              timeout_s: float) -> tuple[T | None, bool]:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:

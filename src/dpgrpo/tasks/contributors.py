@@ -58,7 +58,7 @@ def _rows(path: Path) -> Iterator[tuple[int, Any]]:
                                 path=str(path), line=number) from None
 
 
-def _text(obj: Any, field: str, path: Path, line: int) -> str:
+def _text(obj: object, field: str, path: Path, line: int) -> str:
     if not isinstance(obj, dict):
         raise DataError(f"expected an object, got {type(obj).__name__}", path=str(path), line=line)
     value = obj.get(field)

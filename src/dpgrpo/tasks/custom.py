@@ -126,7 +126,7 @@ class RewardTask(VerifiedTask):
         return {"strict": strict}
 
 
-def _reward_error(task: str, fn: Any, err: Exception) -> UserCodeError:
+def _reward_error(task: str, fn: object, err: Exception) -> UserCodeError:
     """A reward function's exception as one line naming ``module.function``."""
     inner = fn.fn if isinstance(fn, TRLReward) else fn
     where = f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', repr(inner))}"
@@ -140,7 +140,7 @@ def _number(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
-def _text(row: Mapping[str, Any], keys: Sequence[str], where: str, line: int) -> str | None:
+def _text(row: Mapping[str, object], keys: Sequence[str], where: str, line: int) -> str | None:
     for key in keys:
         value = row.get(key)
         if value is None:
@@ -154,7 +154,7 @@ def _text(row: Mapping[str, Any], keys: Sequence[str], where: str, line: int) ->
     return None
 
 
-def _conversation(value: Any, where: str, line: int) -> str:
+def _conversation(value: object, where: str, line: int) -> str:
     """Check TRL's conversational prompt; return the text of its last user turn."""
     def bad(message: str, field: str = "prompt") -> DataError:
         return DataError(message, path=where, line=line, field=field)
@@ -180,7 +180,7 @@ def _conversation(value: Any, where: str, line: int) -> str:
     return users[-1]
 
 
-def to_problem(record: Any, index: int, *, prefix: str, where: str = "problems") -> Problem:
+def to_problem(record: object, index: int, *, prefix: str, where: str = "problems") -> Problem:
     """A :class:`Problem` from a record: a Problem as is, or a mapping with TRL's ``prompt``
     (text or a conversation) or ``question``, optional ``id``, ``answer``, ``solution``.
     ``index`` counts from 0; the question of a conversation is its last user turn."""

@@ -49,7 +49,7 @@ class TRLReward:
     def name(self) -> str:
         return getattr(self.fn, "__name__", type(self.fn).__name__)
 
-    def __call__(self, prompt: Any, completions: Sequence[str], record: Any,
+    def __call__(self, prompt: object, completions: Sequence[str], record: object,
                  completion_ids: Sequence[Sequence[int]] | None = None) -> list[float]:
         """The G rewards of one prompt's completions, None as NaN; ``record`` is the prompt's
         row (its columns go to the function, each repeated G times)."""
@@ -85,7 +85,7 @@ def is_trl_reward(fn: Any) -> bool:
     return "completions" in params or "prompts" in params
 
 
-def record_columns(record: Any) -> dict[str, Any]:
+def record_columns(record: object) -> dict[str, Any]:
     """The columns of one record that a TRL reward function receives: a row's fields but
     ``prompt``, ``completion`` and ``completion_ids``; a Problem's fields but ``question``."""
     if isinstance(record, Mapping):

@@ -14,6 +14,7 @@ decoder layer (:func:`first_adapted_layer`): the frozen layers below record no g
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Callable, cast
 
 import torch
@@ -194,7 +195,7 @@ class LoraHooks:
         self.leaves.append(leaf)
         return leaf
 
-    def _embed_hook(self, module: torch.nn.Module, args: Any, output: torch.Tensor
+    def _embed_hook(self, module: torch.nn.Module, args: object, output: torch.Tensor
                     ) -> torch.Tensor:
         return self._leaf(output)
 
@@ -205,9 +206,9 @@ class LoraHooks:
             return (self._leaf(args[0]), *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": self._leaf(kwargs["hidden_states"])}
 
-    def _hook_a(self, names: dict[str, str], slot: dict[str, Any], scale: float
+    def _hook_a(self, names: dict[str, str], slot: Mapping[str, object], scale: float
                 ) -> Callable[..., torch.Tensor | None]:
-        def hook(module: torch.nn.Module, args: Any, output: torch.Tensor
+        def hook(module: torch.nn.Module, args: object, output: torch.Tensor
                  ) -> torch.Tensor | None:
             mask = slot.get("mask")
             if names and torch.is_grad_enabled() and output.requires_grad:

@@ -29,7 +29,7 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from dpgrpo.config.schema import OFF_MACHINE, MetricsBackend, check_timing_sinks
 from dpgrpo.config.values import choices
@@ -109,7 +109,7 @@ class TensorBoardSink:
 class WandbSink:
     """Weights & Biases: one ``wandb.log`` per round with the round as the step."""
 
-    def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, object]) -> None:
         try:
             import wandb
         except ImportError:
@@ -150,7 +150,7 @@ class MetricsLogger:
 
 
 def open_metrics(backends: tuple[str, ...], run_dir: Path,
-                 public_config: Mapping[str, Any] | None = None, *, timings: bool = False,
+                 public_config: Mapping[str, object] | None = None, *, timings: bool = False,
                  releasable: bool = True) -> MetricsLogger | None:
     """The logger for ``train.metrics`` (None when empty); ``public_config`` goes to W&B.
     ``timings`` (train.public_timings) admits :data:`TIMING_KEYS`; see the module docstring."""

@@ -149,7 +149,7 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _slots(config: RunConfig, task: Any, run_dir: Path,
+def _slots(config: RunConfig, task: object, run_dir: Path,
            ctx: DistContext) -> tuple[list[Any], SlotCount]:
     """n public slots (:func:`~dpgrpo.tasks.splits.public_slots`): the split's first valid
     problems, absent slots, then the canaries."""
