@@ -311,7 +311,7 @@ def load_tokenizer(name: str) -> Any:
     return _prepare_tokenizer(tokenizer, name)
 
 
-def _prepare_tokenizer(tokenizer: Any, name: str) -> Any:
+def _prepare_tokenizer(tokenizer: Any, name: str) -> object:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -86,7 +86,7 @@ def keep_lora_precise(model: torch.nn.Module) -> None:
             param.data = param.data.to(dtype)
 
 
-def attach_lora(model: Any, lora: LoraSettings = LoraSettings()) -> Any:
+def attach_lora(model: torch.nn.Module, lora: LoraSettings = LoraSettings()) -> Any:
     """Wrap ``model`` in a PEFT LoRA adapter: B = 0 at start, only LoRA trainable, fp32."""
     from peft import LoraConfig, get_peft_model
 
@@ -212,7 +212,7 @@ def adapter_digest(path: str | Path) -> str:
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def load_init_adapter(model: Any, path: str | Path, *, keep: str = "all") -> None:
+def load_init_adapter(model: torch.nn.Module, path: str | Path, *, keep: str = "all") -> None:
     """Copy a saved public adapter's weights into ``model``'s fresh adapter, every one of them;
     with ``keep = "A"`` every lora_B weight and bias is then set to zero, so the model is the
     base model again and only the public lora_A projections remain (config.INIT_KEEP).

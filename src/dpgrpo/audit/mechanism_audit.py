@@ -111,7 +111,7 @@ def _bounds(obs: Observation, s: AuditSetup, confidence: float, selection: str
             ) -> tuple[dict, dict, dict]:
     scores = llr_scores(obs.rounds, s.q, s.sigma)
     delta = s.bound_delta
-    info: dict[str, Any] = {}
+    info: dict[str, object] = {}
     if selection == "design":
         ks, expected = design(s.canaries, s.q, s.sigma, s.rounds, delta, confidence)
         info = {"design_median_bound": expected}

@@ -161,7 +161,7 @@ def _by_task(problems: Sequence[Problem], tasks: Sequence[str], fn) -> list[Any]
     """Apply ``fn(task, problems)`` per task and put the per-problem results back in order."""
     from dpgrpo.tasks import get_task
 
-    out: list[Any] = [None] * len(problems)
+    out: list[object] = [None] * len(problems)
     for name in dict.fromkeys(tasks):
         idx = [i for i, t in enumerate(tasks) if t == name]
         for i, value in zip(idx, fn(get_task(name), [problems[i] for i in idx])):

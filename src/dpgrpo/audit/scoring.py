@@ -62,7 +62,7 @@ class SamplingSettings:
 DIBA_SAMPLING = SamplingSettings(top_p=0.9, repetition_penalty=1.05)
 
 
-def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+def token_stats(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 score_mask: torch.Tensor, *, with_entropy: bool = False,
                 batch_size: int = 8) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-token log-probabilities (and predictive entropies) of ``input_ids`` under ``model``.
@@ -97,7 +97,7 @@ def token_stats(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     return logp, ent
 
 
-def _completion_logprobs(model: Any, batch: Any, batch_size: int) -> np.ndarray:
+def _completion_logprobs(model: torch.nn.Module, batch: Any, batch_size: int) -> np.ndarray:
     """``(N, L)`` log-probabilities of a rollout's completion tokens, each prompt run once.
 
     The quantity of :func:`dpgrpo.objectives.logprobs.token_logprobs` with the completion mask

@@ -56,7 +56,7 @@ def _coerce(section: str, key: str, value: object, *, text: bool = False) -> Any
     return typed_value(_CLASSES[section], section, key, value, text=text)
 
 
-def typed_value(cls: type, section: str, key: str, value: object, *, text: bool = False) -> Any:
+def typed_value(cls: type, section: str, key: str, value: object, *, text: bool = False) -> object:
     """``value`` for field ``key`` of the table ``cls`` (``[section]``), typed strictly by the
     field (:func:`dpgrpo.config.values.parse_value`): an unknown key, or a value of the wrong
     type, is a ConfigError naming ``section.key``, never silently converted."""
@@ -113,7 +113,7 @@ def config_from_dict(data: Mapping[str, object], *, source: str = "config") -> R
         raise type(err)(f"{source}: {err}") from None
 
 
-def check_override_table(table: object, where: str) -> dict[str, Any]:
+def check_override_table(table: object, where: str) -> dict[str, object]:
     """A table of ``"section.key" = value`` overrides of the run config (a protocol recipe, the
     study's leaky, private-audit and warm-start runs): each key must be a run-config key and
     each value parse as that field's ``--set`` text; ConfigError naming ``where`` otherwise.
@@ -150,7 +150,7 @@ def override_strings(overrides: Mapping[str, object] | Sequence[str] | None) -> 
     return list(overrides)
 
 
-def _flatten(prefix: str, value: object) -> dict[str, Any]:
+def _flatten(prefix: str, value: object) -> dict[str, object]:
     """``{"train": {"learning_rate": x}}`` -> ``{"train.learning_rate": x}``."""
     if not isinstance(value, dict):
         return {prefix: value}
@@ -158,7 +158,7 @@ def _flatten(prefix: str, value: object) -> dict[str, Any]:
             for k, v in _flatten(f"{prefix}.{key}" if prefix else key, item).items()}
 
 
-def read_toml(path: str | Path) -> dict[str, Any]:
+def read_toml(path: str | Path) -> dict[str, object]:
     """Parse a TOML file; a missing file or bad TOML is a ConfigError naming the file."""
     path = Path(path)
     try:
@@ -180,12 +180,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     The file and the overrides are validated together, once: a key the file lacks may come
     from an override (e.g. ``data.n_slots`` for a contributor-level file).
     """
-    data: dict[str, Any] = read_toml(path) if path is not None else {}
+    data: dict[str, object] = read_toml(path) if path is not None else {}
     split_tables(data, source=str(path))   # the experiment tables: checked, not part of a run
     return config_from_dict(_merge(data, overrides or []), source=str(path or "defaults"))
 
 
-def _merge(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+def _merge(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, object]:
     """TOML sections with the overrides merged in, so that both are validated together."""
     for section, values in _parse_overrides(list(overrides)).items():
         if isinstance(data.setdefault(section, {}), dict):  # else config_from_dict says so
@@ -193,9 +193,9 @@ def _merge(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     return data
 
 
-def _parse_overrides(overrides: list[str]) -> dict[str, dict[str, Any]]:
+def _parse_overrides(overrides: list[str]) -> dict[str, dict[str, object]]:
     """``section.key=value`` strings as section -> key -> typed value (a later one wins)."""
-    changes: dict[str, dict[str, Any]] = {}
+    changes: dict[str, dict[str, object]] = {}
     for item in overrides:
         if "=" not in item or "." not in item.split("=", 1)[0]:
             raise ConfigError(f"override {item!r} must look like section.key=value")
@@ -253,7 +253,7 @@ def embedded_default() -> RunConfig:
     return load_config(EMBEDDED_DEFAULT)
 
 
-def split_tables(data: dict[str, Any], *, source: str = "config") -> dict[str, dict[str, Any]]:
+def split_tables(data: dict[str, Any], *, source: str = "config") -> dict[str, dict[str, object]]:
     """Take the experiment tables (``[protocol]``, ``[study]``, ``[tune]``: settings of the
     commands, not of one run) out of a parsed file, after checking each against its schema
     (:mod:`dpgrpo.config.experiments`): every key known and every value of its type, wherever
@@ -270,7 +270,7 @@ def split_tables(data: dict[str, Any], *, source: str = "config") -> dict[str, d
     return tables
 
 
-def _recipes(table: object, where: str) -> dict[str, dict[str, Any]]:
+def _recipes(table: object, where: str) -> dict[str, dict[str, object]]:
     """``[protocol.recipes.<arm>]`` tables, each a table of run-config overrides."""
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must hold one table per arm")
@@ -357,7 +357,7 @@ _LOADERS: dict[str, Callable[..., Any]] = {"protocol": load_protocol_table,
 
 
 def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
-                         ) -> tuple[RunConfig, dict[str, Any]]:
+                         ) -> tuple[RunConfig, dict[str, object]]:
     """A training config and its ``[protocol]`` table (:mod:`dpgrpo.experiments.protocol`; stripped, like
     ``[study]``, before the RunConfig is built).
 

@@ -51,13 +51,13 @@ class TRLSettings(Mapping[str, Any]):
     reward_weights: tuple[float, ...] | None = None
     notes: tuple[str, ...] = ()
 
-    def _kwargs(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"overrides": dict(self.overrides)}
+    def _kwargs(self) -> dict[str, object]:
+        out: dict[str, object] = {"overrides": dict(self.overrides)}
         if self.reward_weights is not None:
             out["reward_weights"] = list(self.reward_weights)
         return out
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str) -> object:
         return self._kwargs()[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -66,7 +66,7 @@ class TRLSettings(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._kwargs())
 
-    def config(self, base: Any = None) -> Any:
+    def config(self, base: Any = None) -> object:
         """The overrides applied to ``base`` (a RunConfig; default: the embedded demo)."""
         from dpgrpo.config.loading import apply_overrides, embedded_default, override_strings
 

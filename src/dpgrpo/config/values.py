@@ -67,7 +67,7 @@ def _number(value: object, text: bool) -> float:
     return float(value)
 
 
-def _scalar(base: object, value: object, text: bool, *, strip: bool = True) -> Any:
+def _scalar(base: object, value: object, text: bool, *, strip: bool = True) -> object:
     """An int, a finite number or a string (a choice's membership is checked by
     :func:`check_choices`); a list's items are stripped of spaces."""
     if base is int:
@@ -81,14 +81,14 @@ def _scalar(base: object, value: object, text: bool, *, strip: bool = True) -> A
     return value.strip() if strip else value
 
 
-def parse_value(base: Any, value: Any, text: bool) -> Any:
+def parse_value(base: Any, value: Any, text: bool) -> object:
     """``value`` as ``base``. TOML values (``text`` False) must already have the type: a TOML
     boolean is not a number, a number is not a string, a float is not an int, a float is
     finite, a table is a table. Override text (``text`` True) is parsed by the field's type; a
     list is comma-separated. ValueError (or TypeError) when it does not fit."""
     if typing.get_origin(base) is tuple or base is tuple:
         if isinstance(value, str):
-            items: list[Any] = [v.strip() for v in value.split(",") if v.strip()]
+            items: list[object] = [v.strip() for v in value.split(",") if v.strip()]
         elif isinstance(value, (list, tuple)):
             items = list(value)
         else:
@@ -128,7 +128,7 @@ def field_type(cls: type, key: str) -> tuple[Any, bool]:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 

@@ -48,7 +48,7 @@ class Prediction:
     #                                (chat template applied at generation)
     target: str | None = None      # the gold answer
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         extra = {key: getattr(self, key) for key in ("doc_id", "prompt", "target")
                  if getattr(self, key) is not None}
         return {"id": self.id, **extra, "response": self.response, "n_tokens": self.n_tokens,
@@ -168,7 +168,7 @@ def write_summary(path: str | Path, summary: Mapping[str, object]) -> None:
     atomic_write_text(path, json.dumps(dict(summary), indent=2) + "\n")
 
 
-def read_summary(path: str | Path) -> dict[str, Any]:
+def read_summary(path: str | Path) -> dict[str, object]:
     """Read a ``summary.json``."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))

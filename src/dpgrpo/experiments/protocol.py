@@ -289,7 +289,7 @@ def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
     return max((float(c["epsilon"]) for _, c in private), default=math.inf)
 
 
-def _budget_term(cert: Mapping[str, object], key: str) -> Any:
+def _budget_term(cert: Mapping[str, object], key: str) -> object:
     """``cert[key]``, T read from an old certificate's ``steps`` too (None when absent)."""
     return certified_rounds(cert, None) if key == "rounds" else cert.get(key)
 
@@ -318,7 +318,7 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
     say(f"base: evaluating {plan.n_eval} problems")
     summaries = {BASE_ARM: evaluate(plan, plan.base_dir, adapter=None, arm=BASE_ARM, seed=None)}
     status: dict[str, str] = {}
-    certificates: dict[str, dict[str, Any]] = {}
+    certificates: dict[str, dict[str, object]] = {}
     def step(name: str, fn: Callable[[], Any]) -> Any:
         say(f"{name} ...")
         return fn()
@@ -341,7 +341,7 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
 
 
 def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[str, Any],
-             certificates: Mapping[str, Any]) -> dict[str, Any]:
+             certificates: Mapping[str, Any]) -> dict[str, object]:
     """Per run: what this invocation did, the accuracies and the certified budget."""
     keys = ("epsilon", "delta", "rounds_charged", "releasable")
     return {BASE_ARM: {"accuracy": summaries[BASE_ARM]["accuracy"]},

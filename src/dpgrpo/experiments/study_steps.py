@@ -32,12 +32,12 @@ SPLIT_FORMAT = 1
 WARM_START = "warm-start"          # the public warm start's folder and arm label
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
+def _read_rows(path: Path) -> list[dict[str, object]]:
     return list(json.loads(path.read_text())) if path.exists() else []
 
 
-def _best(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    best: dict[str, dict[str, Any]] = {}
+def _best(rows: Sequence[dict[str, Any]]) -> list[dict[str, object]]:
+    best: dict[str, dict[str, object]] = {}
     for row in rows:
         if row["step"] not in best or row["seconds"] > best[row["step"]]["seconds"]:
             best[row["step"]] = row
@@ -250,7 +250,7 @@ def mia_audit(run_dir: Path, out: Path, settings: StudySettings, config: RunConf
     return mia_summary(outcome)
 
 
-def permutation_audit(out: Path, settings: StudySettings) -> dict[str, Any] | None:
+def permutation_audit(out: Path, settings: StudySettings) -> dict[str, object] | None:
     """Add the permutation test (:func:`dpgrpo.audit.mia.permutation_test`) to the finished
     DIBA audit in ``out``, from the features it saved, stopped by Besag and Clifford's rule at
     ``study.audit_stop_after`` shuffles that reach the observed AUC; its summary, or None while

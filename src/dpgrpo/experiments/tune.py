@@ -198,7 +198,7 @@ def _run_base(config: RunConfig, settings: TuneSettings, out: Path, n: int) -> d
 
 
 def _worker(config: Mapping[str, object], settings: Mapping[str, object], what: str, out: str,
-            n: int, threads: int) -> dict[str, Any]:
+            n: int, threads: int) -> dict[str, object]:
     """One task in a spawned worker (only public values cross)."""
     import torch
 

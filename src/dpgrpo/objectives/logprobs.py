@@ -83,7 +83,7 @@ class _ChosenLogProb(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[object, ...]:
         (jac,) = ctx.saved_tensors
         grad_h = jac * grad_out.to(jac.dtype).unsqueeze(-1)                   # (K, H)
         return grad_h, None, None, None, None, None, None

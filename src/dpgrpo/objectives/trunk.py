@@ -107,7 +107,7 @@ class _Window:
         self.decoder, self.lower, self.stored, self.record = decoder, lower, stored, record
         self.calls, self.complete = 0, record is not None
 
-    def __call__(self, **kwargs: object) -> Any:
+    def __call__(self, **kwargs: object) -> object:
         """``decoder(**kwargs)``, the frozen layers replayed or recorded where they can be."""
         i, self.calls = self.calls, self.calls + 1
         if self.lower is not None and self.stored is not None and i < len(self.stored) \
@@ -115,7 +115,7 @@ class _Window:
             return self._replay(self.lower, self.stored[i], kwargs)
         if self.lower is None or self.record is None:
             return self.decoder(**kwargs)
-        seen: list[Any] = []
+        seen: list[object] = []
         handle = self.lower[-1].register_forward_hook(lambda _m, _a, out: seen.append(out))
         try:
             out = self.decoder(**kwargs)

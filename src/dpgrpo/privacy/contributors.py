@@ -151,7 +151,7 @@ def round_prompts(records: Sequence[Any], chooser: ProblemChooser | None,
         return RoundPrompts(list(records), tuple(range(len(records) + 1)))
     if sources is not None and len(sources) != len(records):
         raise PrivacyError(f"{len(sources)} key sources for {len(records)} records")
-    prompts: list[tuple[Any, Any]] = []
+    prompts: list[tuple[object, object]] = []
     bounds = [0]
     for r, record in enumerate(records):
         own = None if sources is None else sources[r]

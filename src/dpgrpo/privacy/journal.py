@@ -155,7 +155,7 @@ class _JournalFile:
         return self.found
 
     def write(self, kind: str, *, round_index: int, count: int, note: str | None = None) -> None:
-        record: dict[str, Any] = {
+        record: dict[str, object] = {
             "seq": self._seq + 1, "kind": kind, "round": round_index, "count": count,
             "total": self.rounds + count, "sampling_rate": self.sampling_rate,
             "noise_multiplier": self.noise_multiplier}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from dpgrpo.errors import PrivacyBudgetError
 from dpgrpo.privacy.accounting import (
@@ -106,7 +106,7 @@ def converted_figure(epsilon: float, delta: float, relation: str = ADD_OR_REMOVE
 
 def neighbour_figures(events: Sequence[RoundEvent], delta: float,
                       group_sizes: Sequence[int] = (2, 3), *,
-                      tail: Callable[[float], float] | None = None) -> dict[str, Any]:
+                      tail: Callable[[float], float] | None = None) -> dict[str, object]:
     """The certificate's extra figures: replace-one, then each group size, accounted at
     ``delta`` (the run's delta_pld); ``tail(epsilon)`` is the noise generator's tail term at a
     figure's epsilon, added to that figure's delta as to the headline delta (None: no term)."""

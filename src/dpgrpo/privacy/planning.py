@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from dpgrpo.errors import ConfigError
 
@@ -77,7 +77,7 @@ def plan(n: int, epsilon: float, budget: int, coordinates: int, *, delta: float 
 
 
 def plan_report(n: int, epsilon: float, budget: int, coordinates: int,
-                delta: float | None, rows: Sequence[PlanRow]) -> dict[str, Any]:
+                delta: float | None, rows: Sequence[PlanRow]) -> dict[str, object]:
     """The plan as one JSON-able object (what ``--json`` prints)."""
     return {"n": n, "epsilon": epsilon, "delta": 1.0 / (10 * n) if delta is None else delta,
             "budget_completions": budget, "trainable_params": coordinates,

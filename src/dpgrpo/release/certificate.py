@@ -76,7 +76,7 @@ def record_isolation(rollout_mode: str, engine: str = "transformers",
 
 
 def adapter_statement(model: ModelConfig, coordinates: int,
-                      init_sha256: str | None = None) -> dict[str, Any]:
+                      init_sha256: str | None = None) -> dict[str, object]:
     """What the adapter trains, what stays frozen and where it started (the certificate's
     ``adapter``): every coordinate of ``trainable_coordinates`` is noised every round."""
     from dpgrpo.config import KL_REFERENCE, LORA_TRAIN
@@ -107,7 +107,7 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[s
     releasable = (cfg.private and not run.seeded and run.noise.releasable
                   and run.sampler.releasable and run.coins.releasable)
     tail = noise_tail_delta(run.coordinates, ledger.rounds, eps) if cfg.private else 0.0
-    cert: dict[str, Any] = {
+    cert: dict[str, object] = {
         "epsilon": eps, "delta": run.delta + tail, "delta_pld": run.delta,
         "noise_tail_delta": tail, "private": cfg.private, "arm": cfg.train.arm,
         "q": run.q, "sigma": run.sigma, "clip_norm": run.clip_norm, "n": run.n,

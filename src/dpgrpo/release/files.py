@@ -81,7 +81,7 @@ def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
                         path=str(release_config_path(release))) from None
 
 
-def read_certificate(release_dir: Path) -> dict[str, Any]:
+def read_certificate(release_dir: Path) -> dict[str, object]:
     """``certificate.json`` as a dict; a damaged one (not UTF-8, not JSON, not an object, no
     epsilon) is a ReleaseError naming the file: nothing is published on a guess."""
     path = release_dir / "certificate.json"

@@ -56,17 +56,17 @@ def release_base(path: str | Path) -> str:
 @overload
 def load_release(path: str | Path, *, base: str | Path | None = ...,
                  dtype: str = ..., device: str = ..., check: bool = ...,
-                 with_tokenizer: Literal[False] = ...) -> Any: ...
+                 with_tokenizer: Literal[False] = ...) -> object: ...
 
 
 @overload
 def load_release(path: str | Path, *, base: str | Path | None = ...,
                  dtype: str = ..., device: str = ..., check: bool = ...,
-                 with_tokenizer: Literal[True]) -> tuple[Any, Any]: ...
+                 with_tokenizer: Literal[True]) -> tuple[object, object]: ...
 
 
 def load_release(path: str | Path, *, base: str | Path | None = None, dtype: str = "float32",
-                 device: str = "cpu", check: bool = True, with_tokenizer: bool = False) -> Any:
+                 device: str = "cpu", check: bool = True, with_tokenizer: bool = False) -> object:
     """The release at ``path`` (a run directory or its release/) applied to its base model: a
     ``peft.PeftModel`` in eval mode (and its tokenizer with ``with_tokenizer=True``).
 

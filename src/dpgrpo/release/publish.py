@@ -6,14 +6,13 @@ finite tensors) whose certificate says releasable (light: no torch at import).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from dpgrpo.errors import ConfigError, ReleaseError
 from dpgrpo.release.check import check_release
 from dpgrpo.release.files import RELEASE_FILES, release_dir_of
 
 
-def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, Any]:
+def check_publishable(release_dir: Path, *, force: bool = False) -> dict[str, object]:
     """The certificate of a release that may be published; refuses recovery/ and anything that
     is not a complete release, and a certificate that says not releasable unless ``force``."""
     if release_dir.name == "recovery" or any(

@@ -149,7 +149,7 @@ def budget_rows(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> l
     if not paths:
         raise ConfigError("give at least one training config")
 
-    cache: dict[tuple, Any] = {}
+    cache: dict[tuple, object] = {}
     rows = []
     for path in paths:
         path = Path(path)

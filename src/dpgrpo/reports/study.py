@@ -61,7 +61,7 @@ def relative_paths(obj: object, out_dir: Path) -> Any:
     Other strings are left as they are."""
     roots = [Path(out_dir).resolve(), Path.cwd().resolve()]
 
-    def fix(x: object) -> Any:
+    def fix(x: object) -> object:
         if isinstance(x, Mapping):
             return {k: fix(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):

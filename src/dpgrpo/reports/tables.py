@@ -6,7 +6,7 @@ and an MDE beside every interval that contains zero (paper Section VII-E).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from dpgrpo.errors import DataError
 from dpgrpo.reports.comparison import Comparison, ContrastRow
@@ -156,7 +156,7 @@ _KEYS = {"configuration": ("configuration", "name"), "n": ("n",), "m": ("m", "ba
          "order": ("rdp_order", "order")}
 
 
-def _get(row: Mapping[str, object], key: str, i: int) -> Any:
+def _get(row: Mapping[str, object], key: str, i: int) -> object:
     for k in _KEYS[key]:
         if row.get(k) is not None:
             return row[k]

@@ -29,7 +29,7 @@ NAME = "dpgrpo_grouped_decode"
 _REGISTERED = False
 
 
-def grouped_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
+def grouped_decode_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
                              value: torch.Tensor, attention_mask: torch.Tensor | None,
                              dropout: float = 0.0, scaling: float | None = None,
                              is_causal: bool | None = None, **kwargs: Any

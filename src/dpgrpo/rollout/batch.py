@@ -44,7 +44,7 @@ def empty_batch(group_size: int) -> RolloutBatch:
                         num_prompts=0)
 
 
-def stop_ids(model: Any, tokenizer: Any) -> list[int]:
+def stop_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
     """Token ids that end a completion: the tokenizer's EOS and the model's generation EOS."""
     ids = {int(tokenizer.eos_token_id)}
     config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

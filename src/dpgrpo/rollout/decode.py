@@ -240,7 +240,7 @@ def _seen(prompts: list[list[int]], row_prompt: list[int], vocab: int, sampler: 
     return seen[torch.tensor(row_prompt, device=device)]
 
 
-def _model_dtype(model: Any) -> torch.dtype:
+def _model_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(p.dtype for p in model.parameters() if p.is_floating_point())
 
 
@@ -279,7 +279,7 @@ class _Loop:
         return tok
 
 
-def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
+def _decode_dynamic(model: torch.nn.Module, device: torch.device, cache: Any, logits: torch.Tensor,
                     state: Any, loop: _Loop, max_new_tokens: int, check_every: int) -> None:
     """Growing views of the cache; finished rows dropped (see the module docstring)."""
     prompt_mask, pos = state
@@ -312,7 +312,7 @@ def _decode_dynamic(model: Any, device: torch.device, cache: Any, logits: torch.
         pos = pos + 1
 
 
-def _decode_static(model: Any, device: torch.device, cache: Any, logits: torch.Tensor,
+def _decode_static(model: torch.nn.Module, device: torch.device, cache: Any, logits: torch.Tensor,
                    state: Any, loop: _Loop, max_new_tokens: int, check_every: int) -> None:
     """Constant shapes, every row to the end of the call (:mod:`dpgrpo.rollout.graphs`)."""
     prompt_mask, pos = state

@@ -90,7 +90,7 @@ def _sample_chunk(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return out[:, prompt_ids.shape[1]:]
 
 
-def hf_generate(model: Any, tokenizer: Any, user_messages: list[Message], *, group_size: int,
+def hf_generate(model: torch.nn.Module, tokenizer: Any, user_messages: list[Message], *, group_size: int,
                 temperature: float, max_new_tokens: int,
                 generator: torch.Generator | None = None,
                 batch_size: int | None = None, isolated: bool = False,

@@ -78,7 +78,7 @@ def dropout_seed(seeds: Sequence[int], part: int = 0) -> int:
     return int.from_bytes(keystream(seed_key(seed), nonce, 8), "little")
 
 
-def _lora_dropouts(model: Any) -> list[torch.nn.Module]:
+def _lora_dropouts(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The adapter's dropout modules with p > 0 (peft's ``lora_dropout`` entries)."""
     return [m for name, m in model.named_modules()
             if ".lora_dropout." in f".{name}." and isinstance(m, torch.nn.Dropout) and m.p > 0]

@@ -121,7 +121,7 @@ class Checkpoint:
         return int(self.state["round_done"])
 
 
-def _load_state(path: Path) -> dict[str, Any]:
+def _load_state(path: Path) -> dict[str, object]:
     _verify_digest(path)
     state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
     keys = {"round_done", "adapter", "optimizer", "generators"}
@@ -176,7 +176,7 @@ def _short(err: BaseException) -> str:
     return text[:120] + ("..." if len(text) > 120 else "")
 
 
-def load_recovery(recovery_dir: Path) -> dict[str, Any] | None:
+def load_recovery(recovery_dir: Path) -> dict[str, object] | None:
     """The state of the newest intact checkpoint, or None if the run never checkpointed."""
     found = load_checkpoint(recovery_dir)
     return None if found is None else found.state

@@ -39,7 +39,7 @@ def read_json_or_none(path: Path) -> Any:
         return None
 
 
-def read_release_config(release_dir: str | Path) -> dict[str, Any]:
+def read_release_config(release_dir: str | Path) -> dict[str, object]:
     """The public config of a release (:data:`RELEASE_CONFIG`, or an old ``config.json``)."""
     path = release_config_path(release_dir)
     try:

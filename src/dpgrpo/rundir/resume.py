@@ -30,7 +30,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dpgrpo.config import RunConfig, config_from_dict, read_toml
 from dpgrpo.errors import ConfigError, DPGRPOError, LedgerError, RecoveryError
@@ -76,7 +75,7 @@ class Evidence:
     reached: int | None = None
 
 
-def _json(path: Path) -> Any:
+def _json(path: Path) -> object:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:

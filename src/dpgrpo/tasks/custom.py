@@ -205,7 +205,7 @@ def to_problem(record: object, index: int, *, prefix: str, where: str = "problem
 def _records(problems: Iterable[Any], prefix: str,
              where: str) -> tuple[list[Problem], dict[str, Any]]:
     out: list[Problem] = []
-    records: dict[str, Any] = {}
+    records: dict[str, object] = {}
     for i, record in enumerate(problems):  # a list, or a datasets.Dataset (rows are dicts)
         problem = to_problem(record, i, prefix=prefix, where=where)
         if problem.id in records:

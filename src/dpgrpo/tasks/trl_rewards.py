@@ -55,7 +55,7 @@ class TRLReward:
         row (its columns go to the function, each repeated G times)."""
         g = len(completions)
         if isinstance(prompt, str):
-            shown: list[Any] = list(completions)
+            shown: list[object] = list(completions)
         else:  # a conversation: completions as assistant turns, as TRL gives them
             shown = [[{"role": "assistant", "content": c}] for c in completions]
         columns = {key: [value] * g for key, value in record_columns(record).items()}
@@ -85,7 +85,7 @@ def is_trl_reward(fn: Any) -> bool:
     return "completions" in params or "prompts" in params
 
 
-def record_columns(record: object) -> dict[str, Any]:
+def record_columns(record: object) -> dict[str, object]:
     """The columns of one record that a TRL reward function receives: a row's fields but
     ``prompt``, ``completion`` and ``completion_ids``; a Problem's fields but ``question``."""
     if isinstance(record, Mapping):

@@ -120,7 +120,7 @@ class Arm:
         return Trunk(index) if index else None
 
     def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator | None,
-                  seeds: list[int] | None) -> tuple[Any, torch.Tensor]:
+                  seeds: list[int] | None) -> tuple[object, torch.Tensor]:
         g = self.train.group_size
         messages = [task.prompt(problem) for task, problem in records]
         rollouts = self.engine.generate(  # filtered SFT samples from the public base policy
@@ -164,7 +164,7 @@ def _info(rollouts: Any, rewards: torch.Tensor) -> dict[str, float]:
             "constant_reward_groups": constant}
 
 
-def make_arm(config: RunConfig, policy: Any, task: Any) -> Arm:
+def make_arm(config: RunConfig, policy: torch.nn.Module, task: Any) -> Arm:
     """The arm named by ``train.arm``, over ``policy`` (model and tokenizer) and ``task`` (its
     default completion cap when ``train.max_new_tokens`` is not set)."""
     spec, train = arm_spec(config.train.arm), config.train

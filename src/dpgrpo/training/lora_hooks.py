@@ -34,7 +34,7 @@ class _MaskedScale(torch.autograd.Function):
         return out if scale == 1.0 else out.mul_(scale)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[object, ...]:
         (mask,) = ctx.saved_tensors
         out = torch.where(mask, grad, 0)
         return (out if ctx.scale == 1.0 else out.mul_(ctx.scale)), None, None
@@ -151,7 +151,7 @@ class LoraHooks:
 
     def _wrap(self, mname: str, module: torch.nn.Module) -> set[str]:
         covered: set[str] = set()
-        slot: dict[str, Any] = {}
+        slot: dict[str, object] = {}
         self.stash[id(module)] = slot
         self.handles.append(module.register_forward_pre_hook(
             lambda mod, args: slot.__setitem__("x", args[0])))
@@ -200,7 +200,7 @@ class LoraHooks:
         return self._leaf(output)
 
     def _layer_input_hook(self, module: torch.nn.Module, args: tuple[Any, ...],
-                          kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                          kwargs: dict[str, Any]) -> tuple[tuple[object, ...], dict[str, object]]:
         # The first adapted layer's input: the frozen layers below it get no backward
         if args:
             return (self._leaf(args[0]), *args[1:]), kwargs

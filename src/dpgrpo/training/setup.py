@@ -100,7 +100,7 @@ class RunState:
     def seeded(self) -> bool:
         return self.config.privacy.seed is not None
 
-    def generator_states(self) -> dict[str, Any]:
+    def generator_states(self) -> dict[str, object]:
         """Every generator a resumed run needs (the record streams need none: see record_coins)."""
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
         return {"sampler": self.sampler.state_dict(), "noise": self.noise.state_dict(),

@@ -298,7 +298,7 @@ def grad_method(config: RunConfig) -> str:
     return "reference" if lean else "fast"
 
 
-def apply_update(model: Any, optimizer: torch.optim.Optimizer,
+def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  update: dict[str, torch.Tensor], *, max_norm: float | None = None) -> float | None:
     """Use the privatized update as the gradient of an AdamW step (fp32 optimizer state),
     its norm clipped to ``max_norm`` first (post-processing); returns the norm before it.
