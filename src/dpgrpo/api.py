@@ -51,6 +51,7 @@ from dpgrpo.config import (
     embedded_default,
     load_config,
 )
+from dpgrpo.config.json_types import JSON
 from dpgrpo.config.loading import override_strings
 from dpgrpo.config.schema import Dtype
 from dpgrpo.errors import ConfigError
@@ -168,7 +169,7 @@ def evaluate(run: str | Path | None = None, *, out: str | Path, model: object = 
              split: str = "eval", limit: int | None = None, device: str | None = None,
              dtype: str | None = None, batch_size: int = 8, max_new_tokens: int | None = None,
              data_dir: str | Path | None = None, source: str | None = None,
-             model_name: str | None = None) -> dict[str, Any]:
+             model_name: str | None = None) -> JSON:
     """Greedy evaluation (``dpgrpo eval``): of a training run's release (``run``), or of
     ``model`` (name or object) with an optional ``adapter``, on ``task`` (name or task object;
     a task from :func:`dpgrpo.make_task` evaluates on its ``eval_problems``). Writes

@@ -34,6 +34,7 @@ from dpgrpo.audit.scoring import (
     diba_feature_rows,
     gold_baseline_scores,
 )
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.rundir.layout import RunDir
 from dpgrpo.tasks import Problem
@@ -194,7 +195,7 @@ BASE_SAMPLES_FORMAT = "dpgrpo-diba-base-samples/1"
 
 
 def _base_key(model_name: str, problems: Sequence[Problem], tasks: Sequence[str],
-              settings: SamplingSettings, seed: int, dtype: str, device: str) -> dict[str, Any]:
+              settings: SamplingSettings, seed: int, dtype: str, device: str) -> JSON:
     """What the base model's samples are a function of; a saved file must match it all."""
     rows = [[p.id, t, p.question, p.answer] for p, t in zip(problems, tasks)]
     digest = hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
+from dpgrpo.config.json_types import JSON
 from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, LossType, ScaleRewards, refuse
 from dpgrpo.config.values import check_choices, check_finite
 from dpgrpo.errors import ConfigError, PrivacyBudgetError, PrivacyError
@@ -488,7 +489,7 @@ class RunConfig:
         """Whether the run can be released as configured: a private arm, no debugging seed."""
         return self.private and self.privacy.seed is None
 
-    def to_dict(self, *, public: bool = True) -> dict[str, Any]:
+    def to_dict(self, *, public: bool = True) -> JSON:
         """Plain dict; with ``public`` the debugging seed is replaced by whether one was set."""
         out = dataclasses.asdict(self)
         if public:

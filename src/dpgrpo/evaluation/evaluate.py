@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation.predictions import (
     Prediction,
@@ -99,7 +100,7 @@ def _check_same_run(out_dir: Path, identity: Mapping[str, object]) -> None:
 
 
 def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
-             loaded: tuple[Any, Any] | None = None, engine: Any = None) -> dict[str, Any]:
+             loaded: tuple[Any, Any] | None = None, engine: Any = None) -> JSON:
     """Evaluate and return the summary; resumes from an existing predictions file.
 
     ``loaded`` passes an already loaded ``(model, tokenizer)`` (tests, notebooks); ``engine``
@@ -113,7 +114,7 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
     split_ids = {p.id: i for i, p in enumerate(problems)}  # id -> doc_id (split order)
     problems = problems[:settings.limit] if settings.limit else problems
     cap = completion_cap(task, settings.max_new_tokens)
-    identity: dict[str, Any] = {"task": task.name, "model": settings.model,
+    identity: JSON = {"task": task.name, "model": settings.model,
                                 "adapter": str(settings.adapter) if settings.adapter else None,
                                 "max_new_tokens": cap}
     out_dir = Path(settings.out_dir)
@@ -127,7 +128,7 @@ def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
                           f"(e.g. {sorted(unknown)[0]!r}); use a new --out folder")
     todo = [p for p in problems if p.id not in done]
 
-    def write_summary_now() -> dict[str, Any]:
+    def write_summary_now() -> JSON:
         finished = [done[p.id] for p in problems if p.id in done]
         summary = summarize(finished, task=task.name, model=settings.model,
                             adapter=identity["adapter"], arm=settings.arm, seed=settings.seed,

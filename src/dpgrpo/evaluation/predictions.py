@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DataError
 from dpgrpo.rundir.atomic import atomic_write_text
 from dpgrpo.tasks import Problem, Verdict, VerifiedTask
@@ -143,7 +144,7 @@ def write_predictions(path: str | Path, predictions: Iterable[Prediction]) -> No
 
 def summarize(predictions: Sequence[Prediction], *, task: str, model: str,
               adapter: str | None = None, arm: str | None = None, seed: int | None = None,
-              max_new_tokens: int | None = None) -> dict[str, Any]:
+              max_new_tokens: int | None = None) -> JSON:
     """The summary of a predictions set: accuracy per scorer over all predictions (a response
     with no extraction counts as incorrect), mean tokens, cap rate, and the number of
     predictions with at least one verifier timeout (or guard trip)."""

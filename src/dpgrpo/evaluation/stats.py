@@ -35,6 +35,7 @@ from typing import Any, Sequence, cast
 import numpy as np
 from scipy import stats as _sps
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.evaluation.defaults import (  # noqa: E402
     DEFAULT_BOOTSTRAP_DRAWS,
     DEFAULT_SEED,
@@ -312,7 +313,7 @@ class Contrast:
     def ci_contains_zero(self) -> bool:
         return self.ci[0] <= 0.0 <= self.ci[1]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         """Plain JSON-ready dict (tuples become lists, NaN becomes None)."""
         out = jsonable(asdict(self))
         out["mcnemar_p"] = [m.p for m in self.mcnemar]

@@ -58,6 +58,7 @@ from dpgrpo.config.experiments import (
     SFT_CLIP_NORM,
     ProtocolSettings,
 )
+from dpgrpo.config.json_types import JSON, JSONValue
 from dpgrpo.config.loading import load_protocol_table
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.privacy.seeds import run_seed
@@ -103,7 +104,7 @@ class ProtocolPlan:
     def base_dir(self) -> Path:
         return self.out_dir / "base"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         settings = {**asdict(self.settings),
                     "recipes": {a: dict(r) for a, r in self.settings.recipes.items()}}
         return {"task": self.config.data.task, "model": self.config.model.name,
@@ -120,13 +121,13 @@ class ProtocolResult:
 
     plan: ProtocolPlan
     status: dict[str, str]                 # run name -> "trained", "resumed" or "complete"
-    summaries: dict[str, dict[str, Any]]   # "base" and run names -> eval summary
-    certificates: dict[str, dict[str, Any]]
+    summaries: dict[str, JSON]   # "base" and run names -> eval summary
+    certificates: dict[str, JSON]
     epsilon: float                         # largest certified epsilon of the private runs
     report: list[Path]                     # files written by compare
 
 
-def protocol_settings(table: Mapping[str, Any], **options: Any) -> ProtocolSettings:
+def protocol_settings(table: Mapping[str, JSONValue], **options: Any) -> ProtocolSettings:
     """Settings from a ``[protocol]`` table, then ``options`` (CLI values; None = not given),
     read by the config's one strict loader (:func:`dpgrpo.config.loading.load_protocol_table`:
     unknown keys and wrong types refused). Recipes of the table are merged key by key over
@@ -241,7 +242,7 @@ def ensure_trained(spec: RunSpec) -> str:
 
 
 def evaluate(plan: ProtocolPlan, out_dir: Path, *, adapter: Path | None, arm: str,
-             seed: int | None) -> dict[str, Any]:
+             seed: int | None) -> JSON:
     """Greedy evaluation of the base or a release on the eval split; the same settings for all."""
     from dpgrpo.evaluation.evaluate import EvalSettings, run_eval
     from dpgrpo.training.setup import resolve_device
@@ -260,7 +261,7 @@ Step = Callable[[str, Callable[[], Any]], Any]
 
 
 def run_one(plan: ProtocolPlan, spec: RunSpec, *, step: Step | None = None
-            ) -> tuple[str, dict[str, Any]]:
+            ) -> tuple[str, JSON]:
     """Train (or resume, or leave) one run of the plan and evaluate it: its status
     ("trained", "resumed" or "complete") and eval summary. A run whose release and evaluation
     are both complete is read, not touched. ``step(name, fn)`` runs each phase (``dpgrpo
@@ -275,7 +276,7 @@ def run_one(plan: ProtocolPlan, spec: RunSpec, *, step: Step | None = None
     return status, summary
 
 
-def check_shared_budget(certificates: Mapping[str, Mapping[str, Any]]) -> float:
+def check_shared_budget(certificates: Mapping[str, Mapping[str, JSONValue]]) -> float:
     """The largest epsilon of the private runs, after checking that they share n, q, sigma, T
     and delta (PrivacyError otherwise). A resumed run that replayed rounds is charged for them
     and may certify a larger epsilon than the others."""
@@ -328,7 +329,7 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
         if status[spec.name] == "complete":
             say(f"{spec.name}: complete, skipped")
         # release/certificate.json of the run just completed (None only if it went missing)
-        certificates[spec.name] = cast(dict[str, Any], RunDir(spec.run_dir).certificate())
+        certificates[spec.name] = cast(JSON, RunDir(spec.run_dir).certificate())
     epsilon = check_shared_budget(certificates)
     say("comparing every arm with the base")
     analysis = Settings(draws=plan.settings.draws, sign_draws=plan.settings.sign_draws)
@@ -340,8 +341,8 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
     return ProtocolResult(plan, status, summaries, certificates, epsilon, report)
 
 
-def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[str, Any],
-             certificates: Mapping[str, Any]) -> dict[str, object]:
+def _results(plan: ProtocolPlan, status: Mapping[str, str], summaries: Mapping[str, JSONValue],
+             certificates: Mapping[str, JSONValue]) -> dict[str, object]:
     """Per run: what this invocation did, the accuracies and the certified budget."""
     keys = ("epsilon", "delta", "rounds_charged", "releasable")
     return {BASE_ARM: {"accuracy": summaries[BASE_ARM]["accuracy"]},

@@ -68,6 +68,7 @@ from typing import Any, Callable, Mapping, Sequence
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.config.arms import FOCAL_ARM
 from dpgrpo.config.experiments import StudySettings
+from dpgrpo.config.json_types import JSON
 from dpgrpo.config.loading import load_protocol_table, load_study_table, split_tables
 from dpgrpo.errors import ConfigError, PrivacyError
 from dpgrpo.experiments.study_pool import run_in_workers
@@ -144,7 +145,7 @@ class _Study:
         split = read_split(self.audit(SPLIT_JSON))
         return apply_overrides(self.config, override_list(table) + split_overrides(split))
 
-    def draw_split(self) -> dict[str, Any]:
+    def draw_split(self) -> JSON:
         """Draw (once) the audits' member/non-member split from the first ``2 members``
         problems of the audited runs' split, recorded in ``audit/split.json``."""
         pools = {(c.data.task, c.data.split, c.data.data_dir, c.data.source) for c in (
@@ -208,7 +209,7 @@ def _check_warm_start_content(warm: RunConfig, study: RunConfig, eval_split: str
                                              "has seen")
 
 
-def _warm_start_train(st: _Study, steps: Steps) -> dict[str, Any]:
+def _warm_start_train(st: _Study, steps: Steps) -> JSON:
     """Train the public warm start (before any arm: they all start from it); its certificate."""
     return steps.run("public warm start: train",
                      lambda: train_once(st.warm_start, st.out / WARM_START))
@@ -226,7 +227,7 @@ def _warm_start_eval(st: _Study, steps: Steps) -> None:
             seed=None))
 
 
-def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
+def _warm_start_steps(st: _Study, steps: Steps) -> JSON | None:
     """The public warm start, trained and evaluated (None without one)."""
     from dpgrpo.model_adapters import adapter_digest
     from dpgrpo.rundir.layout import RunDir
@@ -243,14 +244,14 @@ def _warm_start_steps(st: _Study, steps: Steps) -> dict[str, Any] | None:
             "sha256": adapter_digest(release)}
 
 
-def _leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
+def _leaky_steps(st: _Study, steps: Steps) -> JSON:
     cfg = st.leaky
     steps.run("leaky non-private run", lambda: train_once(cfg, st.audit("leaky")))
     return steps.run("DIBA audit of the leaky run", lambda: mia_audit(
         st.audit("leaky"), st.audit("leaky-mia"), st.settings, cfg))
 
 
-def _dp_leaky_steps(st: _Study, steps: Steps) -> dict[str, Any]:
+def _dp_leaky_steps(st: _Study, steps: Steps) -> JSON:
     cfg = private_twin(st.leaky)
     steps.run("the leaky recipe under DP", lambda: train_once(cfg, st.audit("dp-leaky")))
     return steps.run("DIBA audit of the leaky recipe under DP", lambda: mia_audit(
@@ -281,7 +282,7 @@ def _permutation_steps(st: _Study, steps: Steps, audit: str, what: str) -> Any:
     return None
 
 
-def _private_steps(st: _Study, steps: Steps) -> tuple[dict[str, Any], ...]:
+def _private_steps(st: _Study, steps: Steps) -> tuple[JSON, ...]:
     cfg = st.private
     cert = steps.run("audited DP-GRPO run (members + canaries)",
                      lambda: train_once(cfg, st.audit("private")))
@@ -395,7 +396,7 @@ def run_study(config_path: str | Path, out_dir: str | Path, *,
               results_dir: str | Path = "docs/results", sweep: bool = False,
               say: Say = lambda message: None, verbose: bool = False,
               workers: int | None = None, dp_leaky: bool | None = None,
-              seeds: int | None = None) -> dict[str, Any]:
+              seeds: int | None = None) -> JSON:
     """Run (or resume) the whole study; write the results page; return the results dict.
 
     The work is split into independent tasks (:func:`_tasks`), run by ``study.workers``

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
 from dpgrpo.config.experiments import StudySettings
+from dpgrpo.config.json_types import JSON, JSONValue
 from dpgrpo.config.loading import override_text
 from dpgrpo.errors import ConfigError, DataError, PrivacyError
 from dpgrpo.privacy.planning import noise_to_signal
@@ -36,7 +37,7 @@ def _read_rows(path: Path) -> list[dict[str, object]]:
     return list(json.loads(path.read_text())) if path.exists() else []
 
 
-def _best(rows: Sequence[dict[str, Any]]) -> list[dict[str, object]]:
+def _best(rows: Sequence[JSON]) -> list[dict[str, object]]:
     best: dict[str, dict[str, object]] = {}
     for row in rows:
         if row["step"] not in best or row["seconds"] > best[row["step"]]["seconds"]:
@@ -55,12 +56,12 @@ class Steps:
     def __init__(self, say: Say, record: Path | None = None, *,
                  others: Sequence[Path] = ()) -> None:
         self.say, self.record = say, record
-        self._rows: list[dict[str, Any]] = _read_rows(record) if record is not None else []
+        self._rows: list[JSON] = _read_rows(record) if record is not None else []
         self._others = [row for path in others for row in _read_rows(path)]
         self.started = time.perf_counter()
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[JSON]:
         """For each step name, the row with the most seconds (the run that did its work),
         from this record and from the other workers' records."""
         return _best(self._rows + self._others)
@@ -103,7 +104,7 @@ def override_list(table: Mapping[str, object]) -> list[str]:
     return [f"{k}={override_text(v)}" for k, v in table.items()]
 
 
-def train_once(config: RunConfig, run_dir: Path) -> dict[str, Any]:
+def train_once(config: RunConfig, run_dir: Path) -> JSON:
     """Train (or resume, or skip when complete) one run; its certificate."""
     from dpgrpo.experiments.protocol import check_run_dir, release_complete
     from dpgrpo.rundir.layout import RunDir
@@ -128,7 +129,7 @@ def _sampling(settings: StudySettings) -> Any:
                             prompts_per_batch=settings.audit_prompts_per_batch)
 
 
-def draw_split(path: Path, members: int, config: RunConfig) -> dict[str, Any]:
+def draw_split(path: Path, members: int, config: RunConfig) -> JSON:
     """The DIBA audits' member/non-member split, drawn once and recorded in ``path``.
 
     The pool is the first ``2 members`` problems of ``config``'s split (public slots, chosen
@@ -164,7 +165,7 @@ def draw_split(path: Path, members: int, config: RunConfig) -> dict[str, Any]:
     return record
 
 
-def read_split(path: Path) -> dict[str, Any]:
+def read_split(path: Path) -> JSON:
     """The split recorded by :func:`draw_split`, checked: members and non-members disjoint,
     within the pool, one id per position (DataError naming the file otherwise)."""
     if not path.exists():
@@ -187,7 +188,7 @@ def read_split(path: Path) -> dict[str, Any]:
     return dict(record)
 
 
-def split_overrides(record: Mapping[str, Any]) -> list[str]:
+def split_overrides(record: Mapping[str, JSONValue]) -> list[str]:
     """The overrides that make an audited run train on the split's members only."""
     return ["data.limit=none", "data.indices=" + ",".join(str(i) for i in record["members"])]
 
@@ -227,7 +228,7 @@ def draw_base_samples(audits: Path, settings: StudySettings, config: RunConfig) 
                             settings=_sampling(settings), seed=settings.audit_seed))
 
 
-def mia_audit(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> dict[str, Any]:
+def mia_audit(run_dir: Path, out: Path, settings: StudySettings, config: RunConfig) -> JSON:
     """DIBA and the baselines on the run's members against the non-members, both read from the
     study's recorded split (:func:`draw_split`, ``out.parent / split.json``), the base's
     samples read from (or drawn into) :func:`base_samples_path`."""
@@ -286,7 +287,7 @@ def permutation_audit(out: Path, settings: StudySettings) -> dict[str, object] |
     return summary
 
 
-def canary_audit(run_dir: Path, out: Path, settings: StudySettings) -> dict[str, Any]:
+def canary_audit(run_dir: Path, out: Path, settings: StudySettings) -> JSON:
     from dpgrpo.audit.pipeline import run_canary_audit
     from dpgrpo.audit.report import canary_summary, write_canary_report
 
@@ -297,7 +298,7 @@ def canary_audit(run_dir: Path, out: Path, settings: StudySettings) -> dict[str,
     return canary_summary(outcome)
 
 
-def whitebox_audit(cert: Mapping[str, object], out: Path) -> dict[str, Any]:
+def whitebox_audit(cert: Mapping[str, object], out: Path) -> JSON:
     """The white-box mechanism audit (model-free, gradient canaries) at the DP-GRPO run's
     certificate: a check of the mechanism, which the canary and DIBA audits cannot be."""
     from dpgrpo.audit.mechanism_audit import audit_mechanism, setup_from_certificate
@@ -311,7 +312,7 @@ def whitebox_audit(cert: Mapping[str, object], out: Path) -> dict[str, Any]:
     return audit
 
 
-def sweep_task(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any] | str]:
+def sweep_task(plan: Any, eps: float, steps: Steps) -> tuple[Path, JSON | str]:
     """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
     and certificate, or the reason it was refused."""
     from dpgrpo.experiments.protocol import eval_complete, evaluate
@@ -330,7 +331,7 @@ def sweep_task(plan: Any, eps: float, steps: Steps) -> tuple[Path, dict[str, Any
     return run_dir, cert
 
 
-def sweep_point(plan: Any, eps: float, steps: Steps) -> dict[str, Any]:
+def sweep_point(plan: Any, eps: float, steps: Steps) -> JSON:
     """DP-GRPO at ``eps`` (:func:`sweep_task`) contrasted with the control."""
     from dpgrpo.evaluation import stats
     from dpgrpo.reports.inputs import load_arms

@@ -8,13 +8,14 @@ from typing import Any, Mapping
 
 from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
 from dpgrpo.config.experiments import BASE_ARM, NON_PRIVATE_ARM
+from dpgrpo.config.json_types import JSON, JSONValue
 from dpgrpo.errors import ConfigError
 from dpgrpo.experiments.study_steps import WARM_START
 from dpgrpo.privacy.planning import noise_to_signal
 from dpgrpo.release.files import certified_rounds
 
 
-def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str, Any]:
+def _contrast(report: Mapping[str, JSONValue], arm: str, comparator: str) -> JSON:
     rows = [*report["contrasts"], *report["versus_base"], *report.get("versus_fixed", [])]
     row = next((r for r in rows if r["arm"] == arm and r["comparator"] == comparator
                 and r["scorer"] == "strict"), None)
@@ -34,7 +35,7 @@ def _contrast(report: Mapping[str, Any], arm: str, comparator: str) -> dict[str,
             (report.get("base"), WARM_START) else min(row.get("n_seeds") or [1, 1])}
 
 
-def _runs_keys(key: str, c: Mapping[str, object]) -> dict[str, Any]:
+def _runs_keys(key: str, c: Mapping[str, object]) -> JSON:
     """``<key>_ci_runs`` (seeds then problems), ``<key>_seed_p`` (Welch over seeds) and
     ``<key>_seeds`` (the fewer seeds of the two arms) of one headline contrast."""
     return {f"{key}_ci_runs": c["ci_runs"], f"{key}_seed_p": c["seed_p"],
@@ -45,12 +46,12 @@ def jsonable(x: object) -> Any:
     return json.loads(json.dumps(x, default=str))
 
 
-def _auc(mia: Mapping[str, Any]) -> tuple[float, list[float]]:
+def _auc(mia: Mapping[str, JSONValue]) -> tuple[float, list[float]]:
     pooled = mia["diba"]["pooled"]
     return pooled["auc"], [pooled["extra"]["auc_ci_low"], pooled["extra"]["auc_ci_high"]]
 
 
-def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
+def _permuted(key: str, mia: Mapping[str, JSONValue] | None) -> JSON:
     """``<key>_p`` (upper tail: members score higher), ``<key>_p_lower`` and
     ``<key>_p_two_sided`` (issue 58; None for a test drawn one-sided, as every test saved
     before the two tails were drawn), ``<key>_null`` (central 95% of the null AUCs),
@@ -68,7 +69,7 @@ def _permuted(key: str, mia: Mapping[str, Any] | None) -> dict[str, Any]:
             f"{key}_stop_after": test.get("stop_after")}
 
 
-def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:
+def _whitebox_keys(audit: Mapping[str, JSONValue] | None) -> JSON:
     """The white-box audit's keys (none for results from before the audit existed)."""
     if not audit:
         return {}
@@ -77,8 +78,8 @@ def _whitebox_keys(audit: Mapping[str, Any] | None) -> dict[str, Any]:
             "whitebox_flagged": audit["flagged"]}
 
 
-def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_gain: float,
-                     nonprivate_gain: float) -> dict[str, Any]:
+def _warm_start_keys(results: Mapping[str, JSONValue], report: Mapping[str, JSONValue], dp_gain: float,
+                     nonprivate_gain: float) -> JSON:
     """What the public warm start gives alone, and what DP-GRPO adds to it (none without one)."""
     warm = results.get("warm_start")
     if not warm:
@@ -102,7 +103,7 @@ def _warm_start_keys(results: Mapping[str, Any], report: Mapping[str, Any], dp_g
             if np_over > 0 else None}
 
 
-def summarize(results: Mapping[str, Any], wall: float) -> dict[str, Any]:
+def summarize(results: Mapping[str, JSONValue], wall: float) -> JSON:
     """The keys of ``cpu-study.json`` that the issue and the results page name."""
     report, cert = results["report"], results["dp_certificate"]
     nonprivate = _contrast(report, NON_PRIVATE_ARM, BASE_ARM)

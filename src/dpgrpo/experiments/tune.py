@@ -44,6 +44,7 @@ from dpgrpo.config.experiments import (
     GridPoint,
     TuneSettings,
 )
+from dpgrpo.config.json_types import JSON, JSONValue
 from dpgrpo.errors import ConfigError, PrivacyError
 
 
@@ -175,7 +176,7 @@ def plan_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out:
 
 
 def _run_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
-               n: int, seed: int = 1) -> dict[str, Any]:
+               n: int, seed: int = 1) -> JSON:
     """Train and score run ``seed`` (1-based) of ``point``."""
     from dpgrpo.experiments.protocol import check_existing, run_one
     from dpgrpo.rundir.layout import RunDir
@@ -189,7 +190,7 @@ def _run_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out:
             "trainable_params": cert.get("trainable_coordinates"), "sigma": plan.budget.sigma}
 
 
-def _run_base(config: RunConfig, settings: TuneSettings, out: Path, n: int) -> dict[str, Any]:
+def _run_base(config: RunConfig, settings: TuneSettings, out: Path, n: int) -> JSON:
     from dpgrpo.experiments.protocol import BASE_ARM, evaluate
 
     plan = plan_point(config, settings, settings.grid[0], out, n)
@@ -226,19 +227,19 @@ def _task_point(task: str) -> tuple[str, int]:
     return name, int(seed)
 
 
-def _settings_from_dict(data: Mapping[str, Any]) -> TuneSettings:
+def _settings_from_dict(data: Mapping[str, JSONValue]) -> TuneSettings:
     grid = tuple(GridPoint(p["name"], tuple(p["overrides"])) for p in data["grid"])
     return TuneSettings(**{**data, "grid": grid})
 
 
-def _config_dict(config: RunConfig) -> dict[str, Any]:
+def _config_dict(config: RunConfig) -> JSON:
     data = config.to_dict(public=False)
     return {section: {k: v for k, v in values.items() if v is not None}
             for section, values in data.items()}
 
 
 def _run_all(config: RunConfig, settings: TuneSettings, out: Path, n: int,
-             say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+             say: Callable[[str], None]) -> dict[str, JSON]:
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
@@ -276,7 +277,7 @@ class TuneResult:
     points: tuple[PointResult, ...]
     chosen: str
     chosen_config: Path
-    report: dict[str, Any]
+    report: JSON
 
 
 def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
@@ -320,7 +321,7 @@ def run_tune(config: RunConfig, settings: TuneSettings, out_dir: str | Path, *,
 
 
 def _point_result(config: RunConfig, settings: TuneSettings, point: GridPoint, n: int,
-                  runs: Sequence[Mapping[str, Any]]) -> PointResult:
+                  runs: Sequence[Mapping[str, JSONValue]]) -> PointResult:
     """A point's figures from its runs (they share p, sigma and epsilon: one plan)."""
     from dpgrpo.privacy.planning import noise_to_signal
 

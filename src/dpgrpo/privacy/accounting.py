@@ -38,13 +38,14 @@ import math
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import dp_accounting as dpa
 import numpy as np
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import PrivacyBudgetError
 from dpgrpo.privacy.group import ADD_OR_REMOVE, REPLACE, composed_pld
 from dpgrpo.privacy.limits import check_accountable_sigma
@@ -223,12 +224,12 @@ class PrivacyLedger:
         """The RDP cross-check at ``delta`` and its minimizing order."""
         return _rdp_epsilon(self.events, delta)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {"neighbouring_relation": NEIGHBOURING_RELATION,
                 "events": [asdict(e) for e in self.events]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PrivacyLedger":
+    def from_dict(cls, data: JSON) -> "PrivacyLedger":
         relation = data.get("neighbouring_relation", NEIGHBOURING_RELATION)
         if relation != NEIGHBOURING_RELATION:
             raise PrivacyBudgetError(f"unsupported neighbouring relation {relation!r}")

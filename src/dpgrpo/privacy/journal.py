@@ -34,8 +34,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DiskFullError, LedgerError
 from dpgrpo.privacy.accounting import PrivacyLedger
 
@@ -54,7 +54,7 @@ def encode_line(record: Mapping[str, object]) -> bytes:
     return (json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
-def decode_line(raw: bytes) -> dict[str, Any] | None:
+def decode_line(raw: bytes) -> JSON | None:
     """The record on one line, or None if it is torn, garbage or fails its checksum."""
     try:
         record = json.loads(raw.decode("utf-8"))
@@ -114,7 +114,7 @@ def scan(path: Path, sampling_rate: float, noise_multiplier: float) -> JournalSc
     return out
 
 
-def _legacy_line(raw: bytes) -> dict[str, Any] | None:
+def _legacy_line(raw: bytes) -> JSON | None:
     """A charge line written before lines had checksums: round, sampling_rate, noise_multiplier."""
     try:
         record = json.loads(raw.decode("utf-8"))

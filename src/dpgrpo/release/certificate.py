@@ -9,11 +9,12 @@ run kept records apart (:func:`record_isolation`) and what the adapter trained
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dpgrpo import __version__
 from dpgrpo.config import ModelConfig
 from dpgrpo.config.arms import ARMS, arm_spec
+from dpgrpo.config.json_types import JSON
 from dpgrpo.privacy.accounting import (
     ACCOUNTANT,
     NEIGHBOURING_RELATION,
@@ -96,7 +97,7 @@ def adapter_statement(model: ModelConfig, coordinates: int,
             "kl_reference_is": KL_REFERENCE[model.kl_reference]}
 
 
-def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> dict[str, Any]:
+def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> JSON:
     """The privacy certificate written to release/certificate.json."""
     from dpgrpo.model import public_name  # an alias or hub id as it is; never a machine path
 

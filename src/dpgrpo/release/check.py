@@ -25,8 +25,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DPGRPOError, ReleaseError
 from dpgrpo.release.files import read_certificate, release_dir_of
 
@@ -46,7 +46,7 @@ class Check:
     passed: bool | None
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {"name": self.name, "passed": self.passed, "detail": self.detail}
 
 
@@ -56,7 +56,7 @@ class ReleaseCheck:
 
     release_dir: Path
     checks: list[Check] = field(default_factory=list)
-    certificate: dict[str, Any] = field(default_factory=dict)
+    certificate: JSON = field(default_factory=dict)
     epsilon: float | None = None  # certified
     recomputed_epsilon: float | None = None
     guarantee: str = ""
@@ -75,7 +75,7 @@ class ReleaseCheck:
             raise ReleaseError(f"{self.release_dir} fails its release check: " + "; ".join(
                 f"{c.name}: {c.detail}" for c in self.failures))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {"release_dir": str(self.release_dir), "ok": self.ok,
                 "epsilon": self.epsilon, "recomputed_epsilon": self.recomputed_epsilon,
                 "delta": self.certificate.get("delta"), "guarantee": self.guarantee,

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DataError, ReleaseError
 from dpgrpo.rundir.layout import (
     LEGACY_RELEASE_CONFIG,
@@ -44,7 +45,7 @@ def release_dir_of(path: str | Path) -> Path:
     return path / RELEASE_DIR if (path / RELEASE_DIR).is_dir() else path
 
 
-def run_config(path: str | Path) -> dict[str, Any]:
+def run_config(path: str | Path) -> JSON:
     """The release's public config as this machine can use it: for a run directory whose
     ``recovery/config.json`` is here, the fields a release publishes without their path
     (:data:`MACHINE_FIELDS`: the model folder, the warm start, the data folder, the

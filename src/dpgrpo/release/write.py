@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ReleaseError
 from dpgrpo.release.files import MACHINE_FIELDS, RELEASE_CONFIG, RELEASE_FILES, WITHHELD_FIELDS
 from dpgrpo.rundir.atomic import (
@@ -30,8 +31,8 @@ from dpgrpo.rundir.atomic import (
 )
 
 
-def write_release(release_dir: Path, *, model: Any, config: dict[str, Any],
-                  certificate: dict[str, Any]) -> None:
+def write_release(release_dir: Path, *, model: Any, config: JSON,
+                  certificate: JSON) -> None:
     """Write the release atomically: build it beside the target, then swap directories."""
     parent = release_dir.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -52,8 +53,8 @@ def write_release(release_dir: Path, *, model: Any, config: dict[str, Any],
                 shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _build_release(tmp: Path, model: Any, config: dict[str, Any],
-                   certificate: dict[str, Any]) -> None:
+def _build_release(tmp: Path, model: Any, config: JSON,
+                   certificate: JSON) -> None:
     with warnings.catch_warnings():  # PEFT looks for the base's config.json to compare
         warnings.filterwarnings("ignore", message="Could not find a config file")
         warnings.filterwarnings("ignore", message="Unable to fetch remote file")
@@ -73,7 +74,7 @@ def _build_release(tmp: Path, model: Any, config: dict[str, Any],
         fsync_file(path)
 
 
-def public_config(config: Mapping[str, object]) -> dict[str, Any]:
+def public_config(config: Mapping[str, object]) -> JSON:
     """``config`` as a release publishes it: each :data:`~dpgrpo.release.files.MACHINE_FIELDS`
     value that is a path of this machine becomes ``"local model <basename>"`` (the model, the
     warm start) or ``"local data <basename>"`` (the data folder, the contributors file); an
@@ -145,7 +146,7 @@ def _model_card(release: Path) -> str:
     return f"---\n{ModelCardData(**meta).to_yaml()}\n---\n\n"
 
 
-def _release_readme(cert: dict[str, Any]) -> str:
+def _release_readme(cert: JSON) -> str:
     from dpgrpo.release.check import format_delta, format_epsilon
 
     # people read rounded figures; certificate.json keeps the exact values

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dpgrpo.config import RunConfig
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
 
 
@@ -47,7 +48,7 @@ class BudgetRow:
     unit: str = "prompt"           # data.privacy_unit: what n counts and epsilon protects
     contributor: ContributorComparison | None = None  # contributor-level rows only
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return asdict(self)
 
 

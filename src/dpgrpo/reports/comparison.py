@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation import stats
 
@@ -44,7 +45,7 @@ class ContrastRow:
     scorer: str
     result: stats.Contrast
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         return {"arm": self.arm, "comparator": self.comparator, "scorer": self.scorer,
                 **self.result.to_dict()}
 
@@ -82,7 +83,7 @@ class Comparison:
     def arm(self, name: str) -> ArmSummary:
         return next(a for a in self.arms if a.name == name)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSON:
         """The report's numbers as plain JSON-ready data."""
         return {
             "n_problems": self.n_problems, "base": self.base, "focal": self.focal,

@@ -7,12 +7,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
+from dpgrpo.config.json_types import JSONValue
 from dpgrpo.release.files import certified_rounds
 
 GB = 1e9
 
 
-def _trained_part(model: Mapping[str, Any]) -> str:
+def _trained_part(model: Mapping[str, JSONValue]) -> str:
     """", training B only (FFA-LoRA)" and the like: what model.lora_train kept trainable."""
     train = model.get("lora_train", "all")
     words = {"B": ", training lora_B only (FFA-LoRA: lora_A frozen at its initialization)",
@@ -36,7 +37,7 @@ def _copy(src: Path, dst: Path, name: str) -> str | None:
     return name
 
 
-def write_results(results: Mapping[str, Any], out: Path, *, figures: Path,
+def write_results(results: Mapping[str, JSONValue], out: Path, *, figures: Path,
                   audits: Path) -> dict[str, Path]:
     """Write the results page, the JSON record and copies of the figures into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +79,7 @@ def relative_paths(obj: object, out_dir: Path) -> Any:
     return fix(obj)
 
 
-def _accuracy_rows(report: Mapping[str, Any]) -> list[str]:
+def _accuracy_rows(report: Mapping[str, JSONValue]) -> list[str]:
     rows = ["| model | strict accuracy (%) | mean tokens | cap rate (%) |",
             "| --- | ---: | ---: | ---: |"]
     for arm in report["arms"]:
@@ -88,7 +89,7 @@ def _accuracy_rows(report: Mapping[str, Any]) -> list[str]:
     return rows
 
 
-def _warm_start_lines(results: Mapping[str, Any]) -> list[str]:
+def _warm_start_lines(results: Mapping[str, JSONValue]) -> list[str]:
     """The public warm start's headline: what it gives alone, what DP-GRPO adds to it."""
     warm, s = results.get("warm_start"), results["summary"]
     if not warm:
@@ -117,7 +118,7 @@ def _warm_start_lines(results: Mapping[str, Any]) -> list[str]:
             "training split); the arms' certificates cover what they add to it."]
 
 
-def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
+def markdown(results: Mapping[str, JSONValue], pictures: list[str]) -> str:
     """The results page."""
     s, plan = results["summary"], results["plan"]
     cfg, budget = plan["config"], plan["budget"]
@@ -222,12 +223,12 @@ def markdown(results: Mapping[str, Any], pictures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _rows(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def _rows(report: Mapping[str, JSONValue]) -> list[Mapping[str, JSONValue]]:
     """Every contrast row of a comparison report (``versus_fixed``: none before it existed)."""
     return [*report["contrasts"], *report["versus_base"], *report.get("versus_fixed", [])]
 
 
-def _perm(s: Mapping[str, Any], key: str) -> str:
+def _perm(s: Mapping[str, JSONValue], key: str) -> str:
     """", permutation p = .., two-sided p = .. (L of at most n shuffles, null 95% [.., ..])"
     when the study ran the test (the upper tail's p: members score higher; the two-sided p
     only for a test that drew both tails; a record from before the sequential rule:
@@ -250,7 +251,7 @@ _AUDITS = (("audit_leaky_auc", "leaky_mia", "the leaky run"),
            ("audit_dp_leaky_auc", "dp_leaky_mia", "the leaky recipe under DP"))
 
 
-def _auc_side_notes(s: Mapping[str, Any], results: Mapping[str, Any]) -> str:
+def _auc_side_notes(s: Mapping[str, JSONValue], results: Mapping[str, JSONValue]) -> str:
     """A sentence for every DIBA AUC whose bootstrap interval excludes 0.5, on either side
     (issue 58): above, what it shows against the certificate's ceiling; below, what an AUC
     under 0.5 can mean and which test decides."""
@@ -297,7 +298,7 @@ def _seeds(n: int) -> str:
     return "one seed" if n == 1 else f"{n} seeds"
 
 
-def _over_runs(s: Mapping[str, Any], key: str) -> str:
+def _over_runs(s: Mapping[str, JSONValue], key: str) -> str:
     """" over problems; [..] over seeds and problems (Welch's t over seeds p = ..)" for a
     headline contrast with several seeds (nothing for a record without them)."""
     ci = s.get(f"{key}_ci_runs")
@@ -308,7 +309,7 @@ def _over_runs(s: Mapping[str, Any], key: str) -> str:
             + (f" (Welch's t over seeds p = {p:.2g})" if p is not None else ""))
 
 
-def _share_over_start(s: Mapping[str, Any]) -> str:
+def _share_over_start(s: Mapping[str, JSONValue]) -> str:
     """" and X% of it over the common public warm start (which alone gives Y% ...)"."""
     share, alone = s.get("retained_share_over_warm_start"), s.get("warm_start_share_of_dp_gain")
     if "warm_start_accuracy" not in s:
@@ -320,7 +321,7 @@ def _share_over_start(s: Mapping[str, Any]) -> str:
                    "the base" if alone is not None else "")
 
 
-def _few_seeds(s: Mapping[str, Any]) -> list[str]:
+def _few_seeds(s: Mapping[str, JSONValue]) -> list[str]:
     """A warning line when a headline claim rests on fewer than MIN_SEEDS_FOR_CLAIM seeds."""
     from dpgrpo.evaluation.stats import MIN_SEEDS_FOR_CLAIM
 
@@ -349,7 +350,7 @@ def _seed_spread(report: Mapping[str, object], arm: str = "dp-grpo",
             + (f" (t-interval over seeds {_ci(t)})" if t else ""))
 
 
-def _without_sweep(s: Mapping[str, Any]) -> str:
+def _without_sweep(s: Mapping[str, JSONValue]) -> str:
     rest = s.get("wall_seconds_without_sweep")
     return "" if rest is None or rest == s["wall_seconds"] else \
         f" ({rest / 60:.1f} min without the epsilon sweep)"
@@ -366,7 +367,7 @@ def _ceiling(mia: Mapping[str, object]) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
-def _audit_table(results: Mapping[str, Any]) -> str:
+def _audit_table(results: Mapping[str, JSONValue]) -> str:
     rows = ["| run | attack | AUC (pooled OOF) | 95% CI | TPR@1%FPR | AUC ceiling of the "
             "certificate |", "| --- | --- | ---: | --- | ---: | ---: |"]
     runs = (("leaky non-private", "leaky_mia"), ("leaky recipe under DP", "dp_leaky_mia"),
@@ -415,7 +416,7 @@ def _audit_table(results: Mapping[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _whitebox_sentence(w: Mapping[str, Any]) -> str:
+def _whitebox_sentence(w: Mapping[str, JSONValue]) -> str:
     """The white-box mechanism audit's figures (docs/auditing.md says what they prove)."""
     s, cal = w["setup"], w.get("calibration") or {}
     a = w["analytic"]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DataError, ReleaseError
 from dpgrpo.rundir.atomic import sha256_file
 from dpgrpo.rundir.migrate import LEGACY_RELEASE_CONFIG, RELEASE_CONFIG, release_config_path
@@ -117,11 +118,11 @@ class RunDir:
         """``release/dpgrpo_config.json`` (an old release's ``config.json`` when only it exists)."""
         return release_config_path(self.release)
 
-    def public_config(self) -> dict[str, Any]:
+    def public_config(self) -> JSON:
         """The release's public config (DataError when missing or unreadable)."""
         return read_release_config(self.release)
 
-    def certificate(self) -> dict[str, Any] | None:
+    def certificate(self) -> JSON | None:
         """``release/certificate.json``, or None when it is missing or unreadable."""
         cert = read_json_or_none(self.certificate_path)
         return cert if isinstance(cert, dict) else None

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from dpgrpo.config import RunConfig, to_toml
+from dpgrpo.config.json_types import JSON
 from dpgrpo.config.values import check_weights
 from dpgrpo.errors import ConfigError, UserCodeError
 from dpgrpo.privacy.accounting import epsilon
@@ -88,7 +89,7 @@ ProgressFn = Callable[[dict[str, Any]], None]
 class TrainResult:
     run_dir: Path
     release_dir: Path
-    certificate: dict[str, Any]
+    certificate: JSON
     rounds_done: int
     steps_skipped: int
     notes: tuple[str, ...] = ()  # what resume repaired (charged lost rounds, fell back, ...)
