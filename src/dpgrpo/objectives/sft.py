@@ -13,12 +13,15 @@ gradient (lines 4-6), so they are accounted exactly like DP-GRPO at the same (q,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dpgrpo.objectives import TrainBatch, masked_row_mean, window_logprobs
 from dpgrpo.rollout.batch import Message, chat_text
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ def build_filtered_sft_batch(rollouts: Any, rewards: torch.Tensor) -> TrainBatch
                       num_prompts=b, rows_per_prompt=g)
 
 
-def build_gold_sft_batch(tokenizer: Any, user_messages: list[Message],
+def build_gold_sft_batch(tokenizer: PreTrainedTokenizerBase, user_messages: list[Message],
                          targets: list[str]) -> TrainBatch:
     """TrainBatch for gold DP-SFT: one row per prompt, chat prompt + target + EOS, loss on target."""
     b = len(user_messages)

@@ -16,7 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ReleaseError
@@ -30,8 +30,11 @@ from dpgrpo.rundir.atomic import (
     sha256_file,
 )
 
+if TYPE_CHECKING:
+    import torch
 
-def write_release(release_dir: Path, *, model: Any, config: JSON,
+
+def write_release(release_dir: Path, *, model: torch.nn.Module, config: JSON,
                   certificate: JSON) -> None:
     """Write the release atomically: build it beside the target, then swap directories."""
     parent = release_dir.parent

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -44,7 +47,7 @@ def empty_batch(group_size: int) -> RolloutBatch:
                         num_prompts=0)
 
 
-def stop_ids(model: torch.nn.Module, tokenizer: Any) -> list[int]:
+def stop_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Token ids that end a completion: the tokenizer's EOS and the model's generation EOS."""
     ids = {int(tokenizer.eos_token_id)}
     config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -77,7 +80,7 @@ def chat_text(tokenizer: Any, message: Message) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def chat_prompt_ids(tokenizer: Any, user_messages: Sequence[Message]) -> list[list[int]]:
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_messages: Sequence[Message]) -> list[list[int]]:
     """Token ids of each prompt under the chat template (:func:`chat_text`)."""
     texts = [chat_text(tokenizer, m) for m in user_messages]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -103,7 +106,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int
     return ids, mask
 
 
-def assemble(tokenizer: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+def assemble(tokenizer: PreTrainedTokenizerBase, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
              generated: torch.Tensor, stop: list[int], pad_id: int, group_size: int,
              num_prompts: int, max_new_tokens: int,
              logprobs: torch.Tensor | None = None) -> RolloutBatch:

@@ -170,7 +170,7 @@ def _decoding_kernels(device: torch.device) -> Any:
     return sdpa_kernel(backends)
 
 
-def decode(model: Any, prompts: list[list[int]], row_prompt: list[int],
+def decode(model: torch.nn.Module, prompts: list[list[int]], row_prompt: list[int],
            coins: torch.Tensor | None, *, sampler: SamplerSettings, max_new_tokens: int,
            stop: list[int], pad_id: int, check_every: int | None = None,
            static: bool | None = None,
@@ -208,7 +208,7 @@ def _all_static(cache: Any) -> bool:
         isinstance(layer, StaticLayer) for layer in cache.layers)
 
 
-def _prefill(model: Any, device: torch.device, prompts: list[list[int]], row_prompt: list[int],
+def _prefill(model: torch.nn.Module, device: torch.device, prompts: list[list[int]], row_prompt: list[int],
              pad_id: int, max_new_tokens: int, static: bool) -> tuple[Any, torch.Tensor, Any]:
     """Prefill each distinct prompt once and give every row its prompt's cache; returns the
     cache, the rows' first logits ``(R, V)`` and ``(index, prompt mask, next positions)``."""

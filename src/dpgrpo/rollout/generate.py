@@ -21,7 +21,7 @@ prompt's group on its own, unpadded and with its own seed, to remove it, at a co
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from dpgrpo.rollout.batch import (
 )
 from dpgrpo.rollout.engine import check_request, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 def generate(model: object, tokenizer: object, user_messages: list[Message], *, group_size: int,
@@ -90,7 +93,7 @@ def _sample_chunk(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return out[:, prompt_ids.shape[1]:]
 
 
-def hf_generate(model: torch.nn.Module, tokenizer: Any, user_messages: list[Message], *, group_size: int,
+def hf_generate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, user_messages: list[Message], *, group_size: int,
                 temperature: float, max_new_tokens: int,
                 generator: torch.Generator | None = None,
                 batch_size: int | None = None, isolated: bool = False,

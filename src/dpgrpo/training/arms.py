@@ -10,7 +10,7 @@ reads those fields and never an arm's name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 
@@ -32,6 +32,9 @@ from dpgrpo.rollout.batch import completion_ids
 from dpgrpo.tasks.base import completion_cap
 from dpgrpo.training.lora_hooks import adapted_layer_index
 from dpgrpo.training.metrics import Laps
+
+if TYPE_CHECKING:
+    from dpgrpo.tasks.base import Task
 
 #: objective name of the arm table -> the objective, from the train table and the public cap
 OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
@@ -142,7 +145,7 @@ class Arm:
                        if records else 0.0}
 
 
-def _prompt_rewards(task: Any, problem: Any, rollouts: Any, i: int) -> list[float]:
+def _prompt_rewards(task: Task, problem: Any, rollouts: Any, i: int) -> list[float]:
     """Prompt ``i``'s G rewards from its own completions only: a task with ``group_rewards``
     (one prompt's group in one call: TRL-style reward functions) or one ``reward`` call each."""
     texts = rollouts.texts[i]
