@@ -55,7 +55,7 @@ class Contributor:
     order (the order of the data file)."""
 
     id: str
-    problems: tuple[tuple[Any, Any], ...]
+    problems: tuple[tuple[object, object], ...]
 
 
 def contributor_slot_count(*, n_slots: int | None, contributors: int,
