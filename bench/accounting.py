@@ -34,7 +34,8 @@ def reference_sigma(n: int, m: int, rounds: int, epsilon: float) -> float:
     q, delta = m / n, default_delta(n)
     return dpa.calibrate_dp_mechanism(
         lambda: pld_privacy_accountant.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE),
-        lambda s: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)), rounds),
+        lambda s: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s)),
+                                          rounds),
         epsilon, delta, tol=1e-7)
 
 
@@ -52,16 +53,18 @@ def main() -> None:
         rows.append({"config": name, "dpgrpo_s": t1 - t0, "dp_accounting_s": t2 - t1,
                      "speedup": (t2 - t1) / (t1 - t0), "sigma": ours.sigma, "reference_sigma": ref,
                      "relative_difference": abs(ours.sigma / ref - 1), "epsilon": ours.epsilon})
-    total = {"speedup_total": sum(r["dp_accounting_s"] for r in rows) / sum(r["dpgrpo_s"] for r in rows),
+    total = {"speedup_total": (sum(r["dp_accounting_s"] for r in rows)
+                               / sum(r["dpgrpo_s"] for r in rows)),
              "min_speedup": min(r["speedup"] for r in rows),
              "max_relative_difference": max(r["relative_difference"] for r in rows)}
     if args.json:
         print(json.dumps({"configs": rows, **total}))
         return
-    print(f"{'config':18} {'dpgrpo s':>9} {'dp_acc s':>9} {'ratio':>6} {'sigma':>14} {'rel diff':>9}")
+    print(f"{'config':18} {'dpgrpo s':>9} {'dp_acc s':>9} {'ratio':>6} {'sigma':>14} "
+          f"{'rel diff':>9}")
     for r in rows:
-        print(f"{r['config']:18} {r['dpgrpo_s']:9.2f} {r['dp_accounting_s']:9.2f} {r['speedup']:6.1f} "
-              f"{r['sigma']:14.10f} {r['relative_difference']:9.1e}")
+        print(f"{r['config']:18} {r['dpgrpo_s']:9.2f} {r['dp_accounting_s']:9.2f} "
+              f"{r['speedup']:6.1f} {r['sigma']:14.10f} {r['relative_difference']:9.1e}")
     print(f"total speed-up {total['speedup_total']:.1f}x (min {total['min_speedup']:.1f}x); "
           f"max relative sigma difference {total['max_relative_difference']:.1e}")
 

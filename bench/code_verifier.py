@@ -11,8 +11,9 @@ HumanEval (164 problems) and the embedded ``code`` task (200):
   tests per second = verified completions / wall seconds
 
 with each row's wall time, the whole run's wall time and peak RSS (this process, sampled by
-``dpgrpo.training.runtime.PeakRSS``; the largest sandbox child, from ``getrusage(RUSAGE_CHILDREN)``),
-and the sandbox's isolation on this machine (launcher, seccomp, layers).
+``dpgrpo.training.runtime.PeakRSS``; the largest sandbox child, from
+``getrusage(RUSAGE_CHILDREN)``), and the sandbox's isolation on this machine (launcher, seccomp,
+layers).
 
     .venv/bin/python bench/code_verifier.py [--workers 2] [--limit 200] [--json]
 """
@@ -60,7 +61,8 @@ def main() -> None:
         return
     for key, value in isolation().items():
         print(f"{key:12s} {value}")
-    print("| task | completions | workers | n | correct | wall s | tests/s | ms per test per worker |")
+    print("| task | completions | workers | n | correct | wall s | tests/s "
+          "| ms per test per worker |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(f"| {r['task']} | {r['completions']} | {r['workers']} | {r['n']} | {r['correct']} "

@@ -22,7 +22,8 @@ import contextlib
 import json
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 

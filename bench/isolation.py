@@ -175,7 +175,7 @@ def main() -> None:
     for dtype in args.dtypes.split(","):
         try:
             result[dtype] = _one_dtype(args, dtype)
-        except Exception as exc:  # noqa: BLE001 - one dtype's failure must not lose the other's
+        except Exception as exc:  # one dtype's failure must not lose the other's
             result[dtype] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
     if len(args.dtypes.split(",")) == 1 and not args.gradients:   # the earlier flat layout
         result.update(result.pop(args.dtypes))
@@ -186,7 +186,7 @@ def _one_dtype(args: argparse.Namespace, dtype: str) -> dict[str, Any]:
     """Rollout identity (and, with ``--gradients``, gradient identity) of one model dtype."""
     modes = tuple(m for m in args.modes.split(",") if m)
     if args.arch:
-        from step_overhead import MESSAGES  # noqa: E402  (bench/ is on the path)
+        from step_overhead import MESSAGES  # bench/ is on the path
 
         model, tok = random_policy(args.arch, dtype, args.device)
         texts = [MESSAGES[i % len(MESSAGES)] for i in range(2 * args.prompts)]

@@ -1,4 +1,5 @@
-"""Cost of one round's cryptographic noise for the paper's LoRA (Qwen2.5-1.5B, rank 4, 7 projections).
+"""Cost of one round's cryptographic noise for the paper's LoRA (Qwen2.5-1.5B, rank 4, 7
+projections).
 
 One round of :func:`dpgrpo.privacy.mechanism.add_gaussian_noise` draws N(0, sigma^2 C^2) for every
 trainable coordinate: d = 4,616,192 in 392 tensors (28 layers x 7 projections x lora_A, lora_B).
@@ -10,8 +11,8 @@ Measured per round (median over ``--repeats``):
   * the same drawn tensor by tensor (392 calls);
   * baseline: torch's ``normal_`` in fp64 from a CPU generator (the previous, 32-bit-seeded design),
 
-and the ratio of the first to the baseline (process CPU time; wall time printed too). The mechanism's total cost also includes moving the
-fp64 noise to the GPU (37 MB per round).
+and the ratio of the first to the baseline (process CPU time; wall time printed too). The
+mechanism's total cost also includes moving the fp64 noise to the GPU (37 MB per round).
 
     .venv/bin/python bench/noise.py [--repeats 5] [--threads 1] [--json]
 """

@@ -27,26 +27,27 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dpgrpo.objectives.logprobs as logprobs  # noqa: E402
-from dpgrpo.config import load_config  # noqa: E402
-from dpgrpo.model import LoraSettings, load_policy  # noqa: E402
-from dpgrpo.objectives.grpo import (  # noqa: E402
+import dpgrpo.objectives.logprobs as logprobs
+from dpgrpo.config import load_config
+from dpgrpo.model import LoraSettings, load_policy
+from dpgrpo.objectives.grpo import (
     GRPOObjective,
     build_grpo_batch,
     group_advantages,
     reference_logprobs,
 )
-from dpgrpo.tasks import get_task, load_problems  # noqa: E402
-from dpgrpo.training.grads import per_prompt_grads  # noqa: E402
-from step_overhead import peak_bytes, sync, synthetic_rollouts  # noqa: E402
+from dpgrpo.tasks import get_task, load_problems
+from dpgrpo.training.grads import per_prompt_grads
+from step_overhead import peak_bytes, sync, synthetic_rollouts
 
 
 @contextmanager

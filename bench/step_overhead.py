@@ -10,10 +10,11 @@ timed, since all three need them equally):
 
 Times are medians over ``--repeats`` interleaved, rotated rounds (after one warm-up round that
 also creates the AdamW state); on CPU the ratios use process CPU time by default, which other
-jobs on a shared machine disturb far less than wall time (both are reported). Memory is the peak of bytes allocated during one update above what
-was allocated before it: ``torch.cuda.max_memory_allocated`` on CUDA; on CPU the running sum
-of the profiler's allocator events (``profile_memory=True``), which counts every torch
-tensor allocation and free exactly (not sampled RSS).
+jobs on a shared machine disturb far less than wall time (both are reported). Memory is the
+peak of bytes allocated during one update above what was allocated before it:
+``torch.cuda.max_memory_allocated`` on CUDA; on CPU the running sum of the profiler's allocator
+events (``profile_memory=True``), which counts every torch tensor allocation and free exactly
+(not sampled RSS).
 
     .venv/bin/python bench/step_overhead.py [--model tiny|smollm2-135m|qwen2.5-1.5b|PATH]
         [--dtype float32] [--lora-dropout 0.0] [--prompts 8] [--group 4] [--max-len 64]
@@ -28,8 +29,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -14,7 +14,8 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -70,7 +71,7 @@ def run_in_child(target: Callable[[], Any]) -> int:
             target()
         except SystemExit as err:
             code = err.code if isinstance(err.code, int) else 1
-        except BaseException:  # noqa: BLE001 - report and exit with a distinct status
+        except BaseException:  # report and exit with a distinct status
             traceback.print_exc()
             code = 3
         finally:

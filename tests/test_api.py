@@ -77,7 +77,8 @@ def test_rewards_are_summed_weighted_and_get_the_record():
     def length(completion, problem):
         return len(completion) / 10
 
-    rows = [{"question": "2 + 3?", "answer": "5", "extra": "kept"}, {"prompt": "1 + 1?", "answer": 2}]
+    rows = [{"question": "2 + 3?", "answer": "5", "extra": "kept"},
+            {"prompt": "1 + 1?", "answer": 2}]
     task = make_task(rows, [exact, length], reward_weights=[2.0, -1.0])
     problems = task.load_split("train").problems
     assert [p.id for p in problems] == ["custom-000000", "custom-000001"]
@@ -108,7 +109,7 @@ def test_problems_and_datasets_rows_and_bad_records():
 
 def test_a_private_list_needs_a_public_n(tiny_model_dir, tmp_path):
     rows = [{"question": f"{i} + 1?", "answer": str(i + 1)} for i in range(6)]
-    with pytest.raises(ConfigError, match="length is private: set data.n_slots"):
+    with pytest.raises(ConfigError, match=r"length is private: set data.n_slots"):
         dpgrpo.prepare(model=str(tiny_model_dir), problems=rows, rewards=lambda c, p: 0.0)
     cfg = dpgrpo.prepare(model=str(tiny_model_dir), problems=rows, rewards=lambda c, p: 0.0,
                          n_slots=6, overrides=TINY)
@@ -137,9 +138,9 @@ def test_peft_model_object_and_dataset_train(tiny_lm, tmp_path):
                                      for i in range(8)])
     result = dpgrpo.train(model=peft_model, tokenizer=tokenizer, model_name="tiny/peft",
                           problems=ds, rewards=lambda c, p: float(p["answer"] in c), n_slots=8,
-                          overrides=TINY + ["train.rounds=2", "privacy.expected_batch=8",
-                                            "train.metrics=jsonl,tensorboard",
-                                            "train.public_timings=true"],
+                          overrides=[*TINY, "train.rounds=2", "privacy.expected_batch=8",
+                                     "train.metrics=jsonl,tensorboard",
+                                     "train.public_timings=true"],
                           out=tmp_path / "run")
     cert = result.certificate
     assert cert["model"] == "tiny/peft" and cert["n"] == 8
@@ -210,7 +211,7 @@ def test_tasks_load_from_module_attr_and_entry_points(task_module, monkeypatch):
     monkeypatch.setattr("importlib.metadata.entry_points",
                         lambda group, name: [EntryPoint()] if name == "plugged" else [])
     assert get_task("plugged").name == "plugged"
-    with pytest.raises(ConfigError, match="unknown task 'absent'.*entry point"):
+    with pytest.raises(ConfigError, match=r"unknown task 'absent'.*entry point"):
         get_task("absent")
 
 

@@ -94,7 +94,7 @@ def test_a_damaged_or_missing_record_is_refused(tmp_path: Path) -> None:
     record = draw_split(tmp_path / SPLIT_JSON, K, _config())
     broken = {**record, "nonmembers": [record["members"][0], *record["nonmembers"][1:]]}
     (tmp_path / SPLIT_JSON).write_text(json.dumps(broken))
-    with pytest.raises(DataError, match="split.json.*disjoint"):
+    with pytest.raises(DataError, match=r"split.json.*disjoint"):
         read_split(tmp_path / SPLIT_JSON)
 
 
@@ -110,7 +110,7 @@ def test_bad_index_lists_are_refused_naming_the_key(value: str, message: str) ->
 
 
 def test_indices_with_limit_empty_or_past_the_split_are_refused() -> None:
-    with pytest.raises(ConfigError, match="data.indices and data.limit = 4 both choose"):
+    with pytest.raises(ConfigError, match=r"data.indices and data.limit = 4 both choose"):
         _config("data.limit=4", "data.indices=1,2")
     with pytest.raises(ConfigError, match=r"data.indices = \[\] trains on no problem"):
         config_from_dict({"data": {"task": "arithmetic", "indices": []}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -87,9 +88,9 @@ def test_random_scores_give_zero_almost_always():
 def test_monotone_in_correct_guesses():
     bounds = [lower_bound_from_counts(1000, 200, v, delta=1e-5, confidence=0.95)
               for v in range(100, 201, 5)]
-    assert all(b1 <= b2 for b1, b2 in zip(bounds, bounds[1:]))
+    assert all(b1 <= b2 for b1, b2 in pairwise(bounds))
     assert bounds[0] == 0.0 and bounds[-1] > 3.0
-    assert all(b1 < b2 for b1, b2 in zip(bounds[6:], bounds[7:]))  # strictly once positive
+    assert all(b1 < b2 for b1, b2 in pairwise(bounds[6:]))  # strictly once positive
     # higher confidence, smaller bound
     assert lower_bound_from_counts(1000, 200, 180, delta=1e-5, confidence=0.99) < \
         lower_bound_from_counts(1000, 200, 180, delta=1e-5, confidence=0.95)

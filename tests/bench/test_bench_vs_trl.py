@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def test_one_arm_step_at_a_time_and_every_step_taken():
     assert sorted(results) == sorted(commands)
     spans = sorted((s, e, arm) for arm, r in results.items() for s, e in r["spans"])
     assert len(spans) == 9
-    for (_, end, arm), (start, _, other) in zip(spans, spans[1:]):
+    for (_, end, arm), (start, _, other) in pairwise(spans):
         assert end <= start, f"a step of {other} started before one of {arm} ended"
     order = [arm for _, _, arm in spans]
     assert order[:3] == list(commands), "the arms take turns, in order"

@@ -68,22 +68,22 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
         "beta = inf": (["train", _toml(tmp, "[train]\nbeta = inf\n")], "train.beta"),
         "temperature = inf": (["train", _toml(tmp, "[train]\ntemperature = inf\n")],
                               "train.temperature"),
-        "max_new_tokens = 0": (run + ["--set", "train.max_new_tokens=0"], "train.max_new_tokens"),
-        "every record invalid": (run + ["--set", "data.task=gsm8k", "--set",
-                                        f"data.data_dir={tmp / 'data'}", "--set",
-                                        "data.skip_invalid=true"], "train.jsonl"),
-        "a record over 1 MiB": (run + ["--set", "data.task=gsm8k", "--set",
-                                       f"data.data_dir={tmp / 'big'}", "--set", "data.n_slots=4"],
+        "max_new_tokens = 0": ([*run, "--set", "train.max_new_tokens=0"], "train.max_new_tokens"),
+        "every record invalid": ([*run, "--set", "data.task=gsm8k", "--set",
+                                  f"data.data_dir={tmp / 'data'}", "--set",
+                                  "data.skip_invalid=true"], "train.jsonl"),
+        "a record over 1 MiB": ([*run, "--set", "data.task=gsm8k", "--set",
+                                 f"data.data_dir={tmp / 'big'}", "--set", "data.n_slots=4"],
                                 "train.jsonl, line 2"),
-        "task syntax error": (run + ["--task", f"{syntax}:TASK"], syntax),
-        "task raises on import": (run + ["--task", f"{raising}:TASK"], raising),
-        "task factory raises": (run + ["--task", f"{factory}:TASK"], f"{factory}:TASK()"),
-        "device cuda without CUDA": (run + ["--set", "model.device=cuda:7"], "model.device"),
-        "bogus device": (run + ["--set", "model.device=gpu-please"], "model.device"),
-        "tiny sigma": (run + ["--set", "privacy.noise_multiplier=1e-9"],
+        "task syntax error": ([*run, "--task", f"{syntax}:TASK"], syntax),
+        "task raises on import": ([*run, "--task", f"{raising}:TASK"], raising),
+        "task factory raises": ([*run, "--task", f"{factory}:TASK"], f"{factory}:TASK()"),
+        "device cuda without CUDA": ([*run, "--set", "model.device=cuda:7"], "model.device"),
+        "bogus device": ([*run, "--set", "model.device=gpu-please"], "model.device"),
+        "tiny sigma": ([*run, "--set", "privacy.noise_multiplier=1e-9"],
                        "privacy.noise_multiplier"),
-        "negative seed": (run + ["--seed", "-1"], "privacy.seed"),
-        "negative canaries": (run + ["--set", "audit.canaries=-1"], "audit.canaries"),
+        "negative seed": ([*run, "--seed", "-1"], "privacy.seed"),
+        "negative canaries": ([*run, "--set", "audit.canaries=-1"], "audit.canaries"),
         "TOML not UTF-8": (["train", str(latin)], str(latin)),
         "privacy epsilon sigma 1e-3": (["privacy", "epsilon", "--n", "1000", "--expected-batch",
                                         "10", "--rounds", "50", "--sigma", "1e-3"], "--sigma"),
@@ -101,7 +101,8 @@ def _cases(tmp: Path, model: Path) -> dict[str, tuple[list[str], str]]:
 
 CASES = ["rounds = true", "epsilon = true", "rounds = 2.0", 'epsilon = "8"', "model.name = 1",
          "learning_rate = inf", "beta = inf", "temperature = inf", "max_new_tokens = 0",
-         "every record invalid", "a record over 1 MiB", "task syntax error", "task raises on import",
+         "every record invalid", "a record over 1 MiB", "task syntax error",
+         "task raises on import",
          "task factory raises", "device cuda without CUDA", "bogus device", "tiny sigma",
          "negative seed", "negative canaries", "TOML not UTF-8", "privacy epsilon sigma 1e-3",
          "privacy epsilon sigma 0.01", "offline hub id", "old key in a TOML", "old key in --set"]
@@ -186,7 +187,7 @@ def test_a_raising_reward_names_the_function_and_round_and_the_run_resumes(
             "--set", "privacy.expected_batch=4"]
     code, lines = _run(argv, capsys)
     _assert_one_error_line(code, lines, f"{name}.picky")
-    assert "round 1" in [x for x in lines if x.startswith("error:")][0]
+    assert "round 1" in next(x for x in lines if x.startswith("error:"))
     assert (tmp_path / "run" / "recovery" / "journal.jsonl").stat().st_size > 0  # charged
     monkeypatch.setenv("PICKY_OK", "1")
     from dpgrpo.training.trainer import train

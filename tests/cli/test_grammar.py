@@ -49,7 +49,8 @@ def test_verify_json_prints_and_out_writes_the_record(tmp_path, monkeypatch):
     from dpgrpo import verify
 
     class Check:
-        check, group, measured, comparison, tolerance, passed = "c", "mechanism", 1.0, "<=", 2.0, True
+        check, group, measured = "c", "mechanism", 1.0
+        comparison, tolerance, passed = "<=", 2.0, True
 
         def to_dict(self):
             return {"check": "c", "passed": True}
@@ -57,7 +58,8 @@ def test_verify_json_prints_and_out_writes_the_record(tmp_path, monkeypatch):
     monkeypatch.setattr(verify, "run_checks", lambda groups: [Check()])
     new = CliRunner().invoke(app, ["verify", "--json", "-o", str(tmp_path / "a.json")])
     assert new.exit_code == 0 and json.loads(new.stdout)["passed"] is True
-    assert json.loads((tmp_path / "a.json").read_text())["checks"] == [{"check": "c", "passed": True}]
+    written = json.loads((tmp_path / "a.json").read_text())
+    assert written["checks"] == [{"check": "c", "passed": True}]
     old = CliRunner().invoke(app, ["verify", "--json", str(tmp_path / "b.json")])
     assert old.exit_code != 0 and not (tmp_path / "b.json").exists()  # 0.1's spelling: gone
 

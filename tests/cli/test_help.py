@@ -13,9 +13,9 @@ from dpgrpo.cli import app
 
 def _commands(group, prefix: tuple[str, ...] = ()):
     for name, cmd in group.commands.items():
-        yield prefix + (name,), cmd
+        yield (*prefix, name), cmd
         if hasattr(cmd, "commands"):  # a group (typer vendors its own click)
-            yield from _commands(cmd, prefix + (name,))
+            yield from _commands(cmd, (*prefix, name))
 
 
 def test_every_command_has_help_text():
@@ -32,6 +32,7 @@ def test_every_command_has_help_text():
 
 
 def test_cli_import_is_light():
-    code = "import sys, dpgrpo.cli; print(sorted(m for m in ('torch', 'scipy', 'transformers') if m in sys.modules))"
+    code = ("import sys, dpgrpo.cli; "
+            "print(sorted(m for m in ('torch', 'scipy', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -62,7 +62,8 @@ def test_ledger_command_recomputes_epsilon(tmp_path):
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["rounds"] == 60 and data["runs"] == 2
-    assert data["epsilon"] == pytest.approx(epsilon_report(1000, 20, 60, 1.0, 1e-5).epsilon, rel=1e-9)
+    expected = epsilon_report(1000, 20, 60, 1.0, 1e-5).epsilon
+    assert data["epsilon"] == pytest.approx(expected, rel=1e-9)
 
 
 def test_verify_writes_record(tmp_path):
@@ -91,7 +92,7 @@ def test_verify_fails_when_a_check_fails(monkeypatch):
 
     verify._register_model_checks()  # register before swapping the list, not into the copy
     broken = verify.Check("always_fails", "mechanism", 0.0, "<=", "test", lambda: 1.0)
-    monkeypatch.setattr(verify, "CHECKS", verify.CHECKS + [broken])
+    monkeypatch.setattr(verify, "CHECKS", [*verify.CHECKS, broken])
     results = verify.run_checks(("mechanism",))
     assert not results[-1].passed and results[-1].check == "always_fails"
 
@@ -137,7 +138,8 @@ def test_convert_from_epsilon_alone_is_the_generic_conversion():
     assert data["method"] == "generic-conversion" and data["meaningful"] is False
     assert data["epsilon"] == 24.0 and data["delta"] == pytest.approx(266.58, abs=0.01)
     data = _convert("--epsilon", "8", "--delta", "1e-4", "--relation", "replace-one")
-    assert (data["epsilon"], round(data["delta"], 3), data["relation"]) == (16.0, 0.298, "replace-one")
+    assert (data["epsilon"], round(data["delta"], 3), data["relation"]) == (
+        16.0, 0.298, "replace-one")
 
 
 @pytest.mark.parametrize("args", [

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,9 @@ def no_terminal(monkeypatch):
 
 def _commands(group, prefix=()):
     for name, cmd in group.commands.items():
-        yield prefix + (name,), cmd
+        yield (*prefix, name), cmd
         if hasattr(cmd, "commands"):
-            yield from _commands(cmd, prefix + (name,))
+            yield from _commands(cmd, (*prefix, name))
 
 
 # --- 1. progress --------------------------------------------------------------------------
@@ -350,7 +351,7 @@ def _line_gaps(env: dict[str, str], sleep_s: float) -> tuple[float, list[float],
         times.append(time.monotonic())
         lines.append(line.rstrip("\n"))
     assert proc.wait() == 0, lines
-    return times[0] - start, [b - a for a, b in zip(times, times[1:])], lines
+    return times[0] - start, [b - a for a, b in pairwise(times)], lines
 
 
 def test_a_long_silent_step_through_a_pipe_still_prints_a_line_every_interval():

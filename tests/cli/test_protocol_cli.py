@@ -41,7 +41,8 @@ def test_privacy_report_calibrates_the_gsm8k_setting(tmp_path: Path) -> None:
         bad.exception)
 
 
-def test_protocol_command_runs_resumes_and_reports(tiny_protocol_toml: Path, tmp_path: Path) -> None:
+def test_protocol_command_runs_resumes_and_reports(tiny_protocol_toml: Path,
+                                                   tmp_path: Path) -> None:
     cfg = tiny_protocol_toml
     out = tmp_path / "protocol"
     args = ["protocol", str(cfg), "--seeds", "2", "--arms", "dp-grpo",

@@ -16,7 +16,7 @@ from dpgrpo.config import apply_overrides, embedded_default
 from dpgrpo.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from faultkit import run_in_child  # noqa: E402
+from faultkit import run_in_child
 
 
 def tiny_args(model_dir, run_dir, *extra: str) -> list[str]:
@@ -64,9 +64,8 @@ def test_second_writer_gets_one_line_naming_the_pid(tiny_model_dir, tmp_path, ca
     from dpgrpo.rundir.lock import RunLock
 
     run_dir = tmp_path / "run"
-    with RunLock(run_dir):
-        with pytest.raises(SystemExit) as exit_:
-            main(tiny_args(tiny_model_dir, run_dir, "--rounds", "1"))
+    with RunLock(run_dir), pytest.raises(SystemExit) as exit_:
+        main(tiny_args(tiny_model_dir, run_dir, "--rounds", "1"))
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and err[0].startswith("run directory: ") and len(err) == 2
     assert err[1].startswith("error: ") and f"pid {os.getpid()}" in err[1]

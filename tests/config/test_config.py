@@ -13,7 +13,8 @@ def test_toml_round_trip_and_typed_overrides(tmp_path):
     path.write_text(to_toml(embedded_default()))
     cfg = load_config(path, ["privacy.epsilon=4", "train.rounds=7", "train.clip_nonprivate=false",
                              "model.target_modules=q_proj,v_proj", "privacy.delta=none"])
-    assert cfg.privacy.epsilon == 4.0 and isinstance(cfg.train.rounds, int) and cfg.train.rounds == 7
+    assert cfg.privacy.epsilon == 4.0
+    assert isinstance(cfg.train.rounds, int) and cfg.train.rounds == 7
     assert cfg.train.clip_nonprivate is False and cfg.model.target_modules == ("q_proj", "v_proj")
     assert cfg.model.name == "smollm2-135m" and cfg.privacy.delta is None
 
@@ -64,7 +65,8 @@ def test_paper_presets_load():
         cfg = load_config(path)
         assert cfg.train.arm == "dp-grpo"
     math_cfg = load_config(configs / "math.toml")
-    assert (math_cfg.train.rounds, math_cfg.privacy.expected_batch, math_cfg.train.group_size) == (50, 128, 8)
+    assert (math_cfg.train.rounds, math_cfg.privacy.expected_batch,
+            math_cfg.train.group_size) == (50, 128, 8)
     assert math_cfg.privacy.clip_norm == pytest.approx(0.05536)
 
 
@@ -166,7 +168,7 @@ def test_one_setting_sizes_a_pass():
     assert TrainConfig(rows_per_pass=3).pass_rows(48) == 3
     with pytest.raises(ConfigError, match="rows_per_pass must be >= 1"):
         TrainConfig(rows_per_pass=0)
-    with pytest.raises(ConfigError, match="unknown key 'train.chunk_size'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'train.chunk_size'"):
         load_config(None, ["train.chunk_size=2"])
 
 

@@ -85,7 +85,7 @@ def test_command_options_go_through_the_same_loader(tmp_path):
 
 
 def test_choices_are_one_table_or_literal_each():
-    assert ARM_NAMES == tuple(ARMS)
+    assert tuple(ARMS) == ARM_NAMES
     for literal, table in ((LossType, LOSS_TYPES), (ScaleRewards, SCALE_REWARDS),
                            (LoraTrain, LORA_TRAIN), (InitKeep, INIT_KEEP),
                            (KLReference, KL_REFERENCE)):

@@ -1,6 +1,7 @@
 """Every `dpgrpo ...` command line the README and docs/*.md show (in code blocks and in the prose's
-code spans) names a command that exists and only options that command has (its `--help` through typer's CliRunner, in-process, nothing
-trained); the few that are cheap and need no GPU, hub or run directory are also run."""
+code spans) names a command that exists and only options that command has (its `--help` through
+typer's CliRunner, in-process, nothing trained); the few that are cheap and need no GPU, hub or
+run directory are also run."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def _resolve(tokens: list[str]) -> tuple[list[str], Any, list[str]]:
     while _subcommands(command) and rest and not rest[0].startswith("-"):
         sub = _subcommands(command).get(rest[0])
         if sub is None:
-            raise AssertionError(f"no command 'dpgrpo {' '.join(path + [rest[0]])}' "
+            raise AssertionError(f"no command 'dpgrpo {' '.join([*path, rest[0]])}' "
                                  f"(known: {sorted(_subcommands(command))})")
         path.append(rest.pop(0))
         command = sub

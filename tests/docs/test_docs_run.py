@@ -52,8 +52,8 @@ REWRITES = [
     ("--limit 50", "--limit 2"), ("[0:32]", "[0:8]"),
     ("--permutations 50", "--permutations 5"),  # each refits the classifier: 887 s for 50 here
     # README's Python example and coming-from-trl.md: fewer rounds and tokens on the tiny model
-    ('"train.rounds": 4', '"train.rounds": 1'), ('"train.max_new_tokens": 32',
-                                                  '"train.max_new_tokens": 4, "model.device": "cpu"'),
+    ('"train.rounds": 4', '"train.rounds": 1'),
+    ('"train.max_new_tokens": 32', '"train.max_new_tokens": 4, "model.device": "cpu"'),
     ("max_completion_length=48", "max_completion_length=4"),
     ("per_device_train_batch_size=48", "per_device_train_batch_size=6"),
     ("max_steps=12", "max_steps=1"),
@@ -79,7 +79,8 @@ NOT_RUN = {
         "minutes of simulation at d = 19584 (tests/audit/test_whitebox.py runs small ones)",
     "bash scripts/setup.sh": "what .ci/run runs on a fresh clone",
     "dpgrpo tune configs/cpu-study.toml": "its grid warm-starts from the study's warm start "
-                                          "(dpgrpo study); tests/experiments/test_tune.py runs a toy grid",
+                                          "(dpgrpo study); tests/experiments/test_tune.py runs a "
+                                          "toy grid",
 }
 #: Run, but marked slow (minutes on two cores).
 SLOW = ("dpgrpo protocol ", "dpgrpo privacy report ", "dpgrpo audit mia --run runs/x --members "
@@ -101,7 +102,8 @@ def _blocks() -> list[Block]:
     command lines)."""
     out = []
     for path in DOCS:
-        doc, lines = path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8").splitlines()
+        doc = path.relative_to(ROOT).as_posix()
+        lines = path.read_text(encoding="utf-8").splitlines()
         i, marker = 0, None
         while i < len(lines):
             found = MARKER.search(lines[i])
@@ -290,7 +292,7 @@ def test_each_python_block_runs(doc, checkout, tiny_model_dir, monkeypatch):
     namespace: dict = {"__name__": "__docs__"}
     for block in (b for b in BLOCKS if b.doc == doc and b.lang == "python" and b.marker is None):
         code = compile(_rewrite(block.text, tiny_model_dir), f"{doc}:{block.line}", "exec")
-        exec(code, namespace)  # noqa: S102 - the documentation's own example
+        exec(code, namespace)  # the documentation's own example
     result = namespace.get("result")
     assert result is not None and Path(result.release_dir).is_dir()
     assert result.certificate["epsilon"] <= 8 + 1e-9
@@ -313,7 +315,7 @@ def test_each_signature_listing_names_what_exists(block):
             continue
         name, rest = m.group(1), m.group(2)
         obj = _resolve(name, modules)
-        if obj is None and name[0].isupper() or text.lstrip().startswith(("def ", "class ")):
+        if (obj is None and name[0].isupper()) or text.lstrip().startswith(("def ", "class ")):
             continue  # a method of the class above, or a class's own line: its fields follow
         assert obj is not None, f"{block.doc}:{block.line}: {name} does not exist"
         keywords = re.findall(r"[(,*]\s*(\w+)\s*=", "(" + rest.split(")")[0])

@@ -79,7 +79,7 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     first = CliRunner().invoke(app, args)
     assert first.exit_code == 0, first.output
     record = json.loads((results / "cpu-study.json").read_text())
-    assert KEYS <= set(record), sorted(KEYS - set(record))
+    assert set(record) >= KEYS, sorted(KEYS - set(record))
     assert len(record["nonprivate_gain_ci"]) == 2 and record["dp_vs_control_mde"] >= 0
     # one seed: no interval over seeds, and the warning that the claims rest on few runs
     assert record["dp_vs_control_seeds"] == 1 and record["dp_vs_control_ci_runs"] is None
@@ -95,8 +95,9 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     assert 0.0 <= low <= record["audit_leaky_auc"] <= high <= 1.0
     assert record["certified_eps"] <= 8.0 + 1e-9 and record["canary_eps_lower_bound"] >= 0.0
     # the leaky recipe (gold SFT, sigma = 0) and its private twin at the study's epsilon
-    leaky_cert = json.loads((out / "audit" / "leaky" / "release" / "certificate.json").read_text())
-    twin_cert = json.loads((out / "audit" / "dp-leaky" / "release" / "certificate.json").read_text())
+    audit = out / "audit"
+    leaky_cert = json.loads((audit / "leaky" / "release" / "certificate.json").read_text())
+    twin_cert = json.loads((audit / "dp-leaky" / "release" / "certificate.json").read_text())
     assert (leaky_cert["arm"], leaky_cert["private"]) == ("non-private-gold-sft", False)
     assert (twin_cert["arm"], twin_cert["private"]) == ("gold-sft", True)
     assert twin_cert["sigma"] > 0 and twin_cert["epsilon"] <= 8.0 + 1e-9
@@ -177,7 +178,7 @@ def test_study_writes_every_result_and_resumes(tiny_model_dir: Path, tmp_path: P
     # a rerun finds everything done: the same results, no new training
     journal = out / "audit" / "leaky" / "recovery" / "journal.jsonl"
     before = journal.read_text()
-    again = CliRunner().invoke(app, args + ["--workers", "1", "--no-dp-leaky"])
+    again = CliRunner().invoke(app, [*args, "--workers", "1", "--no-dp-leaky"])
     assert again.exit_code == 0, again.output
     assert journal.read_text() == before
     assert "audit_dp_leaky_auc" not in json.loads((results / "cpu-study.json").read_text())
@@ -372,7 +373,7 @@ def test_the_stopping_rule_key_and_old_records_of_the_permutation_test() -> None
 
     assert StudySettings().audit_stop_after == 10
     assert load_study_table({"audit_stop_after": 0}).audit_stop_after == 0
-    with pytest.raises(ConfigError, match="study.audit_stop_after"):
+    with pytest.raises(ConfigError, match=r"study.audit_stop_after"):
         load_study_table({"audit_stop_after": -1})
     old = {"permutation": {"permutations": 50, "p_value": 0.02, "null_band": [0.3, 0.6]}}
     keys = _permuted("audit_leaky_auc", old)

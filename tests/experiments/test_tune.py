@@ -71,13 +71,13 @@ def test_a_proxy_holding_private_questions_is_refused_by_content(tmp_path):
     # level 2 draws level 1's sums of 2..5 too: 137 of its 1,000 training questions (34 word
     # for word) are in the private arithmetic training split
     arithmetic = load_config(None, ["data.task=arithmetic"])
-    with pytest.raises(PublicDataError, match="137 of its 1000 questions .*; 34 equal"):
+    with pytest.raises(PublicDataError, match=r"137 of its 1000 questions .*; 34 equal"):
         check_proxy(arithmetic, TuneSettings(proxy="arithmetic-2"))
 
 
 def test_n_comes_from_the_config_never_from_the_private_file(tmp_path):
     _, config = _private(tmp_path)
-    with pytest.raises(ConfigError, match="set data.n_slots"):
+    with pytest.raises(ConfigError, match=r"set data.n_slots"):
         private_slots(config)
     assert private_slots(_private(tmp_path, "data.n_slots=40")[1]) == 40
     assert private_slots(load_config(None, ["data.task=arithmetic"])) == 1000
@@ -160,7 +160,8 @@ ffa = ["model.lora_train=B", "train.learning_rate=3e-2"]
     assert ffa.trainable_params < all_.trainable_params and ffa.sigma == all_.sigma
     assert all_.epsilon == pytest.approx(8.0, abs=1e-3)
     chosen = load_config(result.chosen_config)
-    assert (chosen.data.task, chosen.data.data_dir, chosen.data.n_slots) == ("gsm8k", str(folder), 40)
+    assert (chosen.data.task, chosen.data.data_dir, chosen.data.n_slots) == (
+        "gsm8k", str(folder), 40)
     assert chosen.model.lora_train == ("B" if result.chosen == "ffa" else "all")
 
 

@@ -165,7 +165,8 @@ def _equal_length_prompts(tok, count: int = 2) -> list[str]:
         message = f"What is {a} plus {a + 7}?"
         text = tok.apply_chat_template([{"role": "user", "content": message}], tokenize=False,
                                        add_generation_prompt=True)
-        by_length.setdefault(len(tok(text, add_special_tokens=False)["input_ids"]), []).append(message)
+        length = len(tok(text, add_special_tokens=False)["input_ids"])
+        by_length.setdefault(length, []).append(message)
     return max(by_length.values(), key=len)[:count]
 
 
@@ -185,7 +186,7 @@ def test_equal_length_prompts_never_share_a_prompt_pass():
     first, second = _equal_length_prompts(tok)
     assert first != second
     gen = torch.Generator().manual_seed(5)
-    comps = [torch.randint(3, len(tok), (6,), generator=gen).tolist() + [tok.eos_token_id]
+    comps = [[*torch.randint(3, len(tok), (6,), generator=gen).tolist(), tok.eos_token_id]
              for _ in range(3)]  # the same completions under both prompts
     both = rollouts_from_specs(tok, [(first, comps), (second, comps)])
     alone = [rollouts_from_specs(tok, [(m, comps)]) for m in (first, second)]

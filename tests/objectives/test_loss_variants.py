@@ -164,8 +164,8 @@ class _BatchTokenMean(GRPOObjective):
                          ids=lambda o: f"{o.loss_type}-T{o.temperature:g}"
                                        f"{'-corrected' if o.kl_bias_correction else ''}")
 def test_batchmates_leave_other_prompts_bit_identical(policy32, tok, obj, method):
-    """As tests/training/test_grads.py's check, for each variant with mask_truncated and no std: a much
-    longer batch-mate changes no other prompt's gradient by one bit (fp32)."""
+    """As tests/training/test_grads.py's check, for each variant with mask_truncated and no std: a
+    much longer batch-mate changes no other prompt's gradient by one bit (fp32)."""
     specs, longer = random_specs(tok, 0, 3), random_specs(tok, 1, 1, long=True)
     rewards = torch.tensor([[1., 0, 1], [0, 0, 1], [1, 1, 0]])
     kw = {"scale": False, "mask_truncated": True}
@@ -237,7 +237,8 @@ def test_the_arm_uses_the_options(tok):
         "train.mask_truncated_completions=true", "train.top_p=0.8",
         "train.repetition_penalty=1.2", "train.kl_bias_correction=true"])
     arm = make_arm(cfg, SimpleNamespace(model=object(), tokenizer=tok), Task())
-    assert (arm.objective.loss_type, arm.objective.max_completion_length) == ("prompt_token_mean", 7)
+    assert (arm.objective.loss_type, arm.objective.max_completion_length) == (
+        "prompt_token_mean", 7)
     assert arm.objective.kl_bias_correction
     assert not make_arm(embedded_default(), SimpleNamespace(model=object(), tokenizer=tok),
                         Task()).objective.kl_bias_correction

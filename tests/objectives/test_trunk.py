@@ -61,9 +61,12 @@ def _batch(model, rollouts, trunk=None):
 def _lower_calls(model):
     """Counts what decoder layers 0 and 1 (the frozen trunk) compute: calls of their MLPs."""
     calls = [0]
+
+    def count(*_):
+        calls[0] += 1
+
     layers = model.get_base_model().model.layers
-    handles = [layers[i].mlp.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-               for i in (0, 1)]
+    handles = [layers[i].mlp.register_forward_pre_hook(count) for i in (0, 1)]
     return calls, handles
 
 

@@ -33,7 +33,8 @@ TABLE_VI = [
 ]
 
 
-@pytest.mark.parametrize("name,n,m,sigma,rounds,pld,rdp,order", TABLE_VI, ids=[r[0] for r in TABLE_VI])
+@pytest.mark.parametrize("name,n,m,sigma,rounds,pld,rdp,order", TABLE_VI,
+                         ids=[r[0] for r in TABLE_VI])
 def test_paper_table_vi(name, n, m, sigma, rounds, pld, rdp, order):
     report = compute_epsilon(n, m, rounds, sigma)
     assert report.delta == pytest.approx(1 / (10 * n))
@@ -93,7 +94,7 @@ def test_an_epsilon_met_only_below_the_sigma_floor_is_refused_before_the_fine_gr
     from dpgrpo.privacy.limits import min_sigma
 
     seen = eps_evaluations
-    with pytest.raises(PrivacyBudgetError, match="below 0.0484.*smaller epsilon"):
+    with pytest.raises(PrivacyBudgetError, match=r"below 0.0484.*smaller epsilon"):
         calibrate(1000, 10, 5, 5000.0, parallel=False)
     assert seen and min(sigma for sigma, _ in seen) >= min_sigma()
     assert {vdi for _, vdi in seen} == {1e-2}
@@ -116,7 +117,8 @@ def test_ledger_round_trip_recomputes_and_composes():
     assert restored.epsilon(delta) == compute_epsilon(n, m, 15, sigma, delta).epsilon
     both = PrivacyLedger.compose([ledger, restored])
     assert both.rounds == 30
-    assert both.epsilon(delta) == pytest.approx(compute_epsilon(n, m, 30, sigma, delta).epsilon, rel=1e-9)
+    expected = compute_epsilon(n, m, 30, sigma, delta).epsilon
+    assert both.epsilon(delta) == pytest.approx(expected, rel=1e-9)
     assert both.epsilon(delta) > ledger.epsilon(delta)
 
 

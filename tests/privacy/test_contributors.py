@@ -38,7 +38,7 @@ def test_contributor_slots_follow_the_public_n_rules():
     assert (count.n, count.source, count.records) == (20, "data.n_slots", 14)
     with pytest.raises(ConfigError, match="n_slots = 13 is smaller than the 14"):
         contributor_slot_count(n_slots=13, contributors=12, canaries=2)
-    with pytest.raises(ConfigError, match="needs data.n_slots.*contributor count is private"):
+    with pytest.raises(ConfigError, match=r"needs data.n_slots.*contributor count is private"):
         contributor_slot_count(n_slots=None, contributors=12, canaries=2)
 
 
@@ -210,7 +210,7 @@ def test_sensitivity_of_a_contributor_with_many_problems_stays_at_most_c():
     chooser = ProblemChooser(k, seed=3)
     other_rows = torch.randn(4, 4, generator=gen).tolist()
     direction = [3.0, 4.0, 0.0, 12.0]
-    with_big = round_prompts(others + [big], chooser)
+    with_big = round_prompts([*others, big], chooser)
     rows = other_rows + [direction] * (len(with_big.prompts) - 4)
     assert len(with_big.prompts) == 4 + k
     summed_with = clip_and_sum(sum_within_records(_per_prompt(rows), with_big), clip)

@@ -1,5 +1,6 @@
 """Replace-one and group accounting (privacy/group.py, privacy/neighbours.py): the vectorized
-mixture PLD is dp_accounting's, figures are labelled, the certificate and release card state them."""
+mixture PLD is dp_accounting's, figures are labelled, the certificate and release card state
+them."""
 
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ def test_certificate_and_release_card_state_the_figures():
     assert cert["replace_one"]["method"] == "pld-accountant"
     assert cert["replace_one"]["epsilon"] == replace_one_epsilon(ledger.events, 1e-5)
     assert [g["group"] for g in cert["group_privacy"]] == [2, 4]
-    assert all(g["delta"] == 1e-5 and g["method"] == "pld-accountant" for g in cert["group_privacy"])
+    assert all(g["delta"] == 1e-5 and g["method"] == "pld-accountant"
+               for g in cert["group_privacy"])
     assert cert["group_privacy"][1]["epsilon"] == group_epsilon(ledger.events, 1e-5, 4)
     assert "group_privacy_k2" not in cert
     card = _release_readme(cert)
@@ -172,5 +174,6 @@ def test_figures_carry_the_noise_tail_term_like_the_headline(monkeypatch):
         assert fig["delta"] == 1e-5 + term and fig["delta_pld"] == 1e-5
         assert fig["delta"] > cert["delta_pld"]
     # a group figure's epsilon is larger, so its tail term is too
-    assert cert["group_privacy"][1]["noise_tail_delta"] > cert["group_privacy"][0]["noise_tail_delta"]
+    figures = cert["group_privacy"]
+    assert figures[1]["noise_tail_delta"] > figures[0]["noise_tail_delta"]
     assert neighbour_figure(ledger.events, 1e-5).with_tail(0.0).delta == 1e-5

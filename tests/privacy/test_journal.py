@@ -96,7 +96,7 @@ def test_first_format_lines_count_one_each(tmp_path):
 
 def test_other_parameters_are_a_contradiction(tmp_path):
     j = journal(tmp_path, charges=2)
-    with pytest.raises(LedgerError, match="line 1: charged at q = 0.1, sigma = 1.0"):
+    with pytest.raises(LedgerError, match=r"line 1: charged at q = 0.1, sigma = 1.0"):
         scan(j.path, Q, 2.0)
     with pytest.raises(LedgerError, match="one run has one"):
         j.charge(2, Q, 0.5)

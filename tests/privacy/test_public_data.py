@@ -26,7 +26,7 @@ PRIVATE = [
 
 def test_normalise_folds_case_width_whitespace_and_end_punctuation():
     assert normalise("  TOM has 3\tapples.\n  He buys 4!  ") == "tom has 3 apples. he buys 4"
-    assert normalise("ＴＯＭ ｈａｓ ３") == "tom has 3"              # NFKC: full-width forms
+    assert normalise("ＴＯＭ ｈａｓ ３") == "tom has 3"  # noqa: RUF001 - NFKC: full-width forms
     assert normalise("\u00bfStraße?") == "strasse"                   # casefold; both ends
     assert question_key(" tom HAS 3 apples. he buys 4 more apples. how many apples does tom "
                         "have now ") == question_key(PRIVATE[0])

@@ -95,7 +95,7 @@ def test_public_n_never_counts_valid_records():
     assert count(embedded=True, problems=100).source == "embedded task"
     # n does not move when more records turn out to be invalid.
     assert count(limit=120, problems=80).n == count(limit=120, problems=120).n == 124
-    with pytest.raises(ConfigError, match="data.n_slots"):
+    with pytest.raises(ConfigError, match=r"data.n_slots"):
         count(n_slots=50)
 
 

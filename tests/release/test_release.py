@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -92,12 +93,12 @@ def test_old_releases_with_config_json_still_read(tmp_path):
         "tiny", "arithmetic", "bfloat16", "cpu")
     assert read_run(tmp_path / "run").model_name == "tiny"
     (old / "config.json").write_text(json.dumps({"model_type": "llama"}))  # a model's config
-    with pytest.raises(Exception, match="no dpgrpo_config.json"):
+    with pytest.raises(Exception, match=r"no dpgrpo_config.json"):
         read_release_config(old)
 
 
 class FakeApi:
-    calls: list = []
+    calls: ClassVar[list] = []
 
     def __init__(self, token=None):
         pass
@@ -133,13 +134,13 @@ def test_push_uploads_release_only(release, tmp_path, monkeypatch):
     with pytest.raises(ReleaseError, match="recovery folder"):
         push_release(run / "recovery", "me/dp")
     (run / "release" / "state.pt").write_text("x")
-    with pytest.raises(ReleaseError, match="may not hold.*state.pt"):
+    with pytest.raises(ReleaseError, match=r"may not hold.*state.pt"):
         push_release(run, "me/dp")
     (run / "release" / "state.pt").unlink()
     cert = json.loads((run / "release" / "certificate.json").read_text())
     cert.update(releasable=False, not_releasable_because="seeded generators")
     (run / "release" / "certificate.json").write_text(json.dumps(cert))
-    with pytest.raises(ReleaseError, match="NOT releasable.*--force"):
+    with pytest.raises(ReleaseError, match=r"NOT releasable.*--force"):
         push_release(run, "me/dp")
     assert FakeApi.calls == []  # nothing was uploaded by a refused push
     assert push_release(run, "me/dp", force=True) == "https://hub.example/commit/1"

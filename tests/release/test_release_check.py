@@ -59,7 +59,8 @@ def test_a_good_release_passes_and_states_its_guarantee(run_dir):
     cert = json.loads((run_dir / "release" / "certificate.json").read_text())
     assert result.epsilon == cert["epsilon"]
     assert result.recomputed_epsilon == pytest.approx(cert["epsilon"], abs=1e-9)
-    assert f"({format_epsilon(cert['epsilon'])}, {format_delta(cert['delta'])})-DP" in result.guarantee
+    figures = f"({format_epsilon(cert['epsilon'])}, {format_delta(cert['delta'])})-DP"
+    assert figures in result.guarantee
     assert "n = 40" in result.guarantee and "2 rounds charged" in result.guarantee
     out = _cli(str(run_dir))
     assert out.exit_code == 0, out.output
@@ -77,7 +78,7 @@ def test_a_flipped_adapter_byte_fails_naming_the_file(copy):
     assert not result.ok
     files = next(c for c in result.checks if c.name == "files")
     assert files.passed is False and "adapter_model.safetensors" in files.detail
-    with pytest.raises(ReleaseError, match="adapter_model.safetensors"):
+    with pytest.raises(ReleaseError, match=r"adapter_model.safetensors"):
         result.raise_for_failure()
     out = _cli(str(copy))
     assert out.exit_code == 1 and "FAIL files: adapter_model.safetensors" in out.output
@@ -125,7 +126,7 @@ def test_push_refuses_what_the_check_refuses(copy):
 
     assert check_publishable(copy)["epsilon"] > 0
     (copy / "adapter_config.json").write_text("{}")
-    with pytest.raises(ReleaseError, match="adapter_config.json"):
+    with pytest.raises(ReleaseError, match=r"adapter_config.json"):
         check_publishable(copy, force=True)
 
 
@@ -140,7 +141,8 @@ def test_load_release_applies_the_adapter(run_dir, tiny_model_dir):
     assert lora and len(saved) == len(lora)
     for key, value in saved.items():
         stem = key.removesuffix(".weight")
-        (match,) = [p for n, p in lora.items() if n.startswith(stem + ".") and n.endswith(".weight")]
+        (match,) = [p for n, p in lora.items()
+                    if n.startswith(stem + ".") and n.endswith(".weight")]
         torch.testing.assert_close(match.detach(), value.to(match.dtype), rtol=0, atol=0)
     assert any(float(v.abs().sum()) > 0 for k, v in saved.items() if "lora_B" in k)
     model2, tokenizer = dpgrpo.load_release(run_dir / "release", base=tiny_model_dir,
@@ -155,13 +157,13 @@ def test_load_release_refuses_a_damaged_release_and_a_foreign_folder(copy):
     config = json.loads((copy / "dpgrpo_config.json").read_text())
     config["model"]["name"] = "/nonexistent/machine/models/my-llama"
     (copy / "dpgrpo_config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match="local model my-llama.*base="):
+    with pytest.raises(ConfigError, match=r"local model my-llama.*base="):
         release_base(copy)
     config["model"]["name"] = "smollm2-135m"
     (copy / "dpgrpo_config.json").write_text(json.dumps(config))
     assert release_base(copy) == "smollm2-135m"  # the alias: the embedded GGUF, offline
     (copy / "adapter_model.safetensors").write_bytes(b"x")
-    with pytest.raises(ReleaseError, match="adapter_model.safetensors"):
+    with pytest.raises(ReleaseError, match=r"adapter_model.safetensors"):
         dpgrpo.load_release(copy)
 
 
@@ -249,7 +251,8 @@ def test_local_names_warn_and_hub_names_pass(tiny_model_dir, caplog):
 
 
 def test_figures_and_sentence_format():
-    assert format_epsilon(7.999995945329544) == "8.00" and format_delta(9.92063492063492e-05) == "9.9e-05"
+    assert format_epsilon(7.999995945329544) == "8.00"
+    assert format_delta(9.92063492063492e-05) == "9.9e-05"
     assert format_epsilon(math.inf) == "inf" and format_epsilon(0.01234) == "0.0123"
     assert "no differential-privacy guarantee" in guarantee_sentence(
         {"epsilon": math.inf, "private": False, "arm": "grpo"})

@@ -87,7 +87,7 @@ rounds = 2
     assert json.loads(written[1].read_text())[0]["sigma"] == MATH_SIGMA
     with pytest.raises(ConfigError, match="beside it"):
         write_budget_report(rows, tmp_path / "budget.json", as_json=True)
-    with pytest.raises(ConfigError, match="unknown key 'train.nope'"):
+    with pytest.raises(ConfigError, match=r"unknown key 'train.nope'"):
         budget_rows([tiny], ["train.nope=1"])
     with pytest.raises(ConfigError, match="config file not found"):
         budget_rows([tmp_path / "missing.toml"])

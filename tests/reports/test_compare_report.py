@@ -38,7 +38,7 @@ def test_accuracy_rows_and_deltas(report) -> None:
 
 
 def test_focal_contrasts_match_stats(report) -> None:
-    cmp, _, out = report
+    _, _, out = report
     data = json.loads((out / "report.json").read_text())
     assert [(c["comparator"], c["scorer"]) for c in data["contrasts"]] == [
         (b, s) for b in ("control", "sft", "base") for s in ("strict", "robust")]
@@ -60,7 +60,7 @@ def test_report_tables_show_intervals_tests_and_mdes(report) -> None:
     md = (out / "report.md").read_text()
     ctl = next(r.result for r in cmp.contrasts if (r.comparator, r.scorer) == ("control", "strict"))
     assert f"| control | +7.00 [{ctl.ci[0]:.2f}, {ctl.ci[1]:.2f}] |" in md
-    assert "| dp-grpo − control | strict |" in md and "+8.00 / +6.00 | 1.41 |" in md
+    assert "| dp-grpo − control | strict |" in md and "+8.00 / +6.00 | 1.41 |" in md  # noqa: RUF001 - the report writes a minus sign
     assert f"| {max(ctl.holm_p):.2g} |" in md or f"| {max(ctl.holm_p):.1e} |" in md
     # control - base: the interval contains 0, so its MDE is printed beside it
     vb = next(r.result for r in cmp.versus_base if (r.arm, r.scorer) == ("control", "strict"))
@@ -162,7 +162,8 @@ def test_shuffled_ids_are_aligned(tmp_path: Path) -> None:
      "field 'n_tokens'"),
 ])
 def test_bad_lines_are_located(tmp_path: Path, line: str, needle: str) -> None:
-    good = '{"id": "p000", "n_tokens": 1, "hit_cap": false, "scores": {"strict": {"correct": true}}}'
+    good = ('{"id": "p000", "n_tokens": 1, "hit_cap": false, '
+            '"scores": {"strict": {"correct": true}}}')
     path = tmp_path / "predictions.jsonl"
     path.write_text(good + "\n" + line + "\n")
     with pytest.raises(DataError, match=needle.replace("(", r"\(")) as err:
@@ -201,14 +202,14 @@ def test_a_fixed_arm_pairs_with_every_seed_like_the_base(tmp_path: Path) -> None
     base = write_eval(tmp_path / "b", "base", 0, STRICT[("base", 0)])
     grpo = [write_eval(tmp_path / f"g{s}", "dp-grpo", s, STRICT[("dp-grpo", s)]) for s in (1, 2)]
     warm = write_eval(tmp_path / "warm" / "eval", "warm-start", None, STRICT[("sft", 1)])
-    cmp, _ = run_compare(grpo + [warm], base, tmp_path / "fixed", settings=FAST, figures=False,
+    cmp, _ = run_compare([*grpo, warm], base, tmp_path / "fixed", settings=FAST, figures=False,
                          fixed=[tmp_path / "warm"])
     warm_row = ("warm-start", "strict")
     row = next(r.result for r in cmp.contrasts if (r.comparator, r.scorer) == warm_row)
     focal = np.stack([STRICT[("dp-grpo", 1)], STRICT[("dp-grpo", 2)]]).mean(axis=0)
     assert row.n_seed_pairs == 2
     assert row.difference == pytest.approx(100 * (focal.mean() - STRICT[("sft", 1)].mean()))
-    first, _ = run_compare(grpo + [warm], base, tmp_path / "first", settings=FAST, figures=False)
+    first, _ = run_compare([*grpo, warm], base, tmp_path / "first", settings=FAST, figures=False)
     row1 = next(r.result for r in first.contrasts if (r.comparator, r.scorer) == warm_row)
     assert row1.n_seed_pairs == 1 and row1.difference != row.difference
     # every other arm against the fixed start (what training added to it), in the report too

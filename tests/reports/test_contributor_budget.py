@@ -37,7 +37,7 @@ def test_contributor_slots_and_the_comparison(tmp_path):
     # 1,000 problems, 500 contributors; n is public (data.n_slots), never the mapping's count
     cfg = _config(_mapping(tmp_path, per_person=2), "data.n_slots=500")
     assert count_slots(cfg) == 500
-    with pytest.raises(ConfigError, match="data.limit = 40 with data.privacy_unit"):
+    with pytest.raises(ConfigError, match=r"data.limit = 40 with data.privacy_unit"):
         apply_overrides(cfg, ["data.limit=40"])  # a cut would couple contributors (issue 32)
     assert count_slots(apply_overrides(cfg, ["data.n_slots=600"])) == 600
     row = resolve_budget(cfg, "people")

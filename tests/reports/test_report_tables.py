@@ -19,7 +19,7 @@ TABLE_VI = [
 
 def test_privacy_budget_table_matches_table_vi() -> None:
     lines = privacy_budget_table(TABLE_VI).splitlines()
-    assert lines[0] == "| Configuration | n | (m, σ, T) | PLD ε | RDP ε (order) |"
+    assert lines[0] == "| Configuration | n | (m, σ, T) | PLD ε | RDP ε (order) |"  # noqa: RUF001
     assert lines[1] == "| --- | --- | --- | --- | --- |"
     assert lines[2] == "| MATH, ε=1 arm | 6,988 | (128, 1.002, 50) | 1.000 | 1.463 (7.6) |"
     assert lines[3] == "| MATH, reference | 6,988 | (128, 0.484, 50) | 8.000 | 9.830 (2.3) |"
@@ -33,7 +33,7 @@ def test_privacy_budget_table_optional_columns() -> None:
     row = {**TABLE_VI[0], "delta": 1 / 69880}
     del row["rdp_order"]
     lines = privacy_budget_table([row]).splitlines()
-    assert lines[0] == "| Configuration | n | δ | (m, σ, T) | PLD ε | RDP ε (order) |"
+    assert lines[0] == "| Configuration | n | δ | (m, σ, T) | PLD ε | RDP ε (order) |"  # noqa: RUF001
     assert lines[2] == "| MATH, ε=1 arm | 6,988 | 1.43e-05 | (128, 1.002, 50) | 1.000 | 1.463 |"
 
 

@@ -31,10 +31,10 @@ def _stop_after(model, tok, modulus: int):
     seen = {}
     base = model.get_base_model()
 
-    def remember(module, args):  # noqa: ANN001
+    def remember(module, args):
         seen["ids"] = args[0]
 
-    def force(module, args, output):  # noqa: ANN001
+    def force(module, args, output):
         ids = seen["ids"]
         if ids.shape[1] != 1:                       # prefill: the template's last token
             return output
@@ -93,7 +93,8 @@ def test_preallocated_cache_matches_dynamic_cache(policy, monkeypatch):
     model, tok = policy
     kw = dict(group_size=3, temperature=0.9, max_new_tokens=8, seeds=[1, 2, 3])
     fast = generate(model, tok, MSGS, **kw)
-    monkeypatch.setattr(decode_module, "new_cache", lambda model, capacity, layer=None: DynamicCache())
+    monkeypatch.setattr(decode_module, "new_cache",
+                        lambda model, capacity, layer=None: DynamicCache())
     plain = generate(model, tok, MSGS, **kw)
     assert torch.equal(fast.input_ids, plain.input_ids)
 
@@ -177,7 +178,7 @@ def test_batched_mode_gives_each_prompt_its_own_coins(policy):
 def _couple_rows(model):
     """A deliberately batch-variant kernel: every row's logits move by the batch's mean logits,
     so a row's tokens depend on whichever rows share its forward pass."""
-    def hook(module, args, output):  # noqa: ANN001
+    def hook(module, args, output):
         return output + 3.0 * output.mean(dim=0, keepdim=True)
 
     handle = model.get_base_model().lm_head.register_forward_hook(hook)
@@ -208,7 +209,7 @@ def test_isolated_calls_hold_one_prompt(policy, monkeypatch):
     model, tok = policy
     seen, real = [], transformers_engine.decode
 
-    def spy(model, prompts, row_prompt, *args, **kwargs):  # noqa: ANN001
+    def spy(model, prompts, row_prompt, *args, **kwargs):
         seen.append((len(prompts), len(row_prompt)))
         return real(model, prompts, row_prompt, *args, **kwargs)
 
@@ -316,7 +317,7 @@ def test_decoding_steps_use_grouped_attention(policy, monkeypatch):
     calls = []
     original = attention.grouped_decode_attention
 
-    def spy(module, query, *args, **kwargs):  # noqa: ANN001
+    def spy(module, query, *args, **kwargs):
         calls.append(query.shape[2])
         return original(module, query, *args, **kwargs)
 
@@ -362,7 +363,7 @@ def test_static_steps_equal_dynamic_steps(policy, monkeypatch, temperature):
     original, runs, layers = decode_module.decode, [], []
     spy_new_cache = decode_module.new_cache
 
-    def recording_cache(*args, **kwargs):  # noqa: ANN001
+    def recording_cache(*args, **kwargs):
         cache = spy_new_cache(*args, **kwargs)
         layers.append(type(cache.layers[0]).__name__)
         return cache
@@ -485,7 +486,8 @@ def test_a_merged_adapter_decodes_the_same_and_leaves_every_weight_as_it_was():
         lora_path = model(input_ids=ids).logits
         with merged_adapter(model):
             merged = model(input_ids=ids).logits
-            swapped = [n for n, p in model.named_parameters() if n in bases and p is not bases[n][0]]
+            swapped = [n for n, p in model.named_parameters()
+                       if n in bases and p is not bases[n][0]]
         with model.disable_adapter():
             base_only = model(input_ids=ids).logits
     assert swapped and (merged - lora_path).abs().max() < 1e-12     # fp64: rounding only

@@ -24,7 +24,7 @@ def model(tok):
 
 def _eos_bias(model, tok, bias: float):
     """Add ``bias`` to the EOS logit so the random tiny model ends some completions."""
-    def hook(module, args, output):  # noqa: ANN001
+    def hook(module, args, output):
         output = output.clone()
         output[..., tok.eos_token_id] += bias
         return output

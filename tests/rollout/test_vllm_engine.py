@@ -49,7 +49,7 @@ class FakeLLM:
     def __init__(self, eos: int, vocab: int) -> None:
         self.eos, self.vocab, self.calls, self.reasons = eos, vocab, [], []
 
-    def generate(self, prompts, params, lora_request=None, use_tqdm=True):  # noqa: ANN001
+    def generate(self, prompts, params, lora_request=None, use_tqdm=True):
         self.calls.append((prompts, params, lora_request))
         outputs = []
         for prompt, p in zip(prompts, params):
@@ -97,7 +97,7 @@ def _engine(policy, **kw):
 
 
 def test_requests_seeds_and_format(fake_vllm, policy, check_rollouts):
-    model, tok = policy
+    _, tok = policy
     engine, llm = _engine(policy)
     ro = engine.generate(MSGS, group_size=4, temperature=0.7, max_new_tokens=9,
                          seeds=[100, 200, 300])
@@ -132,7 +132,7 @@ def test_isolated_calls_and_bounded_batches(fake_vllm, policy):
 
 
 def test_adapter_synced_only_when_it_changed(fake_vllm, policy):
-    model, tok = policy
+    model, _ = policy
     engine, llm = _engine(policy)
     kw = dict(group_size=1, temperature=1.0, max_new_tokens=4, seeds=[1, 2, 3])
     engine.generate(MSGS, **kw)

@@ -107,7 +107,7 @@ def test_garbage_config_falls_back_to_its_toml_twin(run_dir):
     trainer.train(None, run_dir, resume=True)
     assert_consistent(run_dir, 4)
     (run_dir / "recovery" / "config.toml").write_text("[train\n")
-    with pytest.raises(RecoveryError, match="config.json is damaged.*config.toml is damaged"):
+    with pytest.raises(RecoveryError, match=r"config.json is damaged.*config.toml is damaged"):
         trainer.train(None, run_dir, resume=True)
 
 
@@ -181,7 +181,8 @@ def test_second_writer_is_refused_with_the_holders_pid(run_dir, tiny_model_dir):
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         before = (run_dir / "recovery" / "journal.jsonl").read_bytes()
-        with pytest.raises(RunLockedError, match=f"in use by another dpgrpo process \\(pid {pid}\\)"):
+        with pytest.raises(RunLockedError,
+                           match=f"in use by another dpgrpo process \\(pid {pid}\\)"):
             trainer.train(None, run_dir, resume=True)
         with pytest.raises(RunLockedError, match=f"pid {pid}"):
             trainer.train(tiny_config(tiny_model_dir), run_dir.parent / "run")
@@ -215,9 +216,9 @@ def test_second_protocol_on_one_folder_is_refused(tiny_protocol_toml, tmp_path):
 
     cfg, table = load_protocol_config(tiny_protocol_toml)
     plan = plan_protocol(cfg, protocol_settings(table), tmp_path / "out")
-    with RunLock(plan.out_dir):
-        with pytest.raises(RunLockedError, match=f"pid {os.getpid()}.*one writer per protocol"):
-            run_protocol(plan)
+    with (RunLock(plan.out_dir),
+          pytest.raises(RunLockedError, match=f"pid {os.getpid()}.*one writer per protocol")):
+        run_protocol(plan)
     assert not plan.out_dir.exists()  # the refused start left nothing behind
 
 
@@ -296,7 +297,7 @@ def test_safetensors_full_disk_is_a_one_line_error():
     from dpgrpo.errors import DiskFullError
     from dpgrpo.rundir.atomic import disk_full_guard
 
-    with pytest.raises(DiskFullError, match="disk full while writing"):
-        with disk_full_guard(Path("/tmp/release")):
-            raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
-                                  "StorageFull, message: \"No space left on device\" }) os error 28")
+    with (pytest.raises(DiskFullError, match="disk full while writing"),
+          disk_full_guard(Path("/tmp/release"))):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                              "StorageFull, message: \"No space left on device\" }) os error 28")

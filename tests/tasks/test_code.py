@@ -106,7 +106,8 @@ def test_a_training_run_on_the_code_task_verifies_in_the_sandbox(tiny_model_dir,
     cfg = apply_overrides(embedded_default(), [
         f"model.name={tiny_model_dir}", "model.device=cpu", "data.task=code", "data.limit=20",
         "privacy.expected_batch=4", "privacy.noise_multiplier=1.0", "train.rounds=2",
-        "train.group_size=2", "train.max_new_tokens=8", "train.checkpoint_every=1", "privacy.seed=3"])
+        "train.group_size=2", "train.max_new_tokens=8", "train.checkpoint_every=1",
+        "privacy.seed=3"])
     result = train(cfg, tmp_path / "run")
     assert result.certificate["task"] == "code" and result.certificate["rounds_charged"] == 2
     rows = [json.loads(x) for x in

@@ -31,9 +31,10 @@ pytestmark = pytest.mark.skipif(
                                "namespaces): the code tasks refuse to run, nothing to attack")
 
 LIMITS = SandboxLimits(timeout_s=1.5)
-LITERAL = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(5) == 10\n\ncheck(f)\n"
-LOOPED = ("def check(candidate):\n    for x in (2, 5):\n        assert abs(candidate(x) - 2 * x) < 1e-9"
-          "\n\ncheck(f)\n")
+LITERAL = ("def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(5) == 10\n"
+           "\ncheck(f)\n")
+LOOPED = ("def check(candidate):\n    for x in (2, 5):\n"
+          "        assert abs(candidate(x) - 2 * x) < 1e-9\n\ncheck(f)\n")
 WIN = "def f(x):\n    return 2 * x if WON else 0\n"  # right only if the attack worked
 EQ_ALL = "class A:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
 SECRET = "canary-secret"
@@ -98,7 +99,8 @@ HOSTILE = {
     "symlink to the canary": "import os\nos.symlink('{canary}', 'c')\n"
                              "WON = open('c').read() == 'canary-secret'\n" + WIN,
     "deep symlink chain": "import os\nL = 'L' * 250\nos.makedirs('/'.join([L] * 8))\n"
-                          "os.symlink('/'.join([L] * 8), 's')\nos.makedirs('s/' + '/'.join([L] * 8))\n"
+                          "os.symlink('/'.join([L] * 8), 's')\n"
+                          "os.makedirs('s/' + '/'.join([L] * 8))\n"
                           "os.symlink('{canary}', 's/' + '/'.join([L] * 8) + '/c')\n"
                           "WON = open('s/' + '/'.join([L] * 8) + '/c').read() == 'canary-secret'\n"
                           + WIN,
@@ -133,15 +135,18 @@ HOSTILE = {
                                              "'<other>', 'exec'))\n",
     "equal to all, lru_cache": EQ_ALL + "import functools\n@functools.lru_cache(None)\n"
                                         "def f(x):\n    return A()\n",
-    "equal to all, str subclass": "class S(str):\n    def __eq__(self, other):\n        return True\n"
+    "equal to all, str subclass": "class S(str):\n    def __eq__(self, other):\n"
+                                  "        return True\n"
                                   "    __hash__ = str.__hash__\ndef f(x):\n    return S('x')\n",
-    "equal to all, int subclass": "class I(int):\n    def __eq__(self, other):\n        return True\n"
+    "equal to all, int subclass": "class I(int):\n    def __eq__(self, other):\n"
+                                  "        return True\n"
                                   "    __hash__ = int.__hash__\ndef f(x):\n    return I(0)\n",
     "equal to all, inside a list": EQ_ALL + "def f(x):\n    return [A()][0]\n",
     "read the tests from frames": (
         "import sys, re\ndef f(x):\n    frame, seen = sys._getframe(), []\n"
         "    while frame is not None:\n        seen += [repr(v) for v in frame.f_locals.values()]\n"
-        "        seen += [repr(v) for v in frame.f_globals.values()]\n        frame = frame.f_back\n"
+        "        seen += [repr(v) for v in frame.f_globals.values()]\n"
+        "        frame = frame.f_back\n"
         "    for text in seen:\n        m = re.search(r'candidate\\(%d\\) == (\\d+)' % x, text)\n"
         "        if m:\n            return int(m.group(1))\n    return 0\n"),
     "patch the saved exec": "import builtins\nbuiltins.exec = lambda *a, **k: None\n"
@@ -274,9 +279,11 @@ def test_expected_values_never_reach_the_completion(scene):
     """The completion dumps everything its process can see: frames, globals, modules' names;
     the expected values of the checks (unusual numbers) are not there."""
     tests = "def check(candidate):\n    assert candidate(7) == 987654321\n\ncheck(f)\n"
-    looped = "def check(candidate):\n    for x in (7,):\n        assert candidate(x) == 987654321\n\ncheck(f)\n"
+    looped = ("def check(candidate):\n    for x in (7,):\n"
+              "        assert candidate(x) == 987654321\n\ncheck(f)\n")
     dump = ("import sys\ndef f(x):\n    frame, seen = sys._getframe(), []\n"
-            "    while frame is not None:\n        seen += [repr(frame.f_locals), repr(frame.f_globals)]\n"
+            "    while frame is not None:\n"
+            "        seen += [repr(frame.f_locals), repr(frame.f_globals)]\n"
             "        frame = frame.f_back\n"
             "    print(str(987654320 + 1) in ''.join(seen), flush=True)\n    return 0\n")
     for test in (tests, looped):

@@ -21,8 +21,10 @@ from dpgrpo.tasks import sandbox
 from dpgrpo.tasks.sandbox import SandboxLimits, namespaces_available, run_tests
 from dpgrpo.tasks.testplan import Call, call_plan, remote_names
 
-TESTS = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(5) == 10\n\ncheck(f)\n"
-LOOPED = "def check(candidate):\n    for x in (2, 5):\n        assert candidate(x) == 2 * x\n\ncheck(f)\n"
+TESTS = ("def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(5) == 10\n"
+         "\ncheck(f)\n")
+LOOPED = ("def check(candidate):\n    for x in (2, 5):\n        assert candidate(x) == 2 * x\n"
+          "\ncheck(f)\n")
 GOOD = "def f(x):\n    return 2 * x\n"
 MODES = pytest.mark.parametrize("tests", [TESTS, LOOPED], ids=["call-plan", "tests-process"])
 isolated = pytest.mark.skipif(not namespaces_available(),
@@ -86,7 +88,8 @@ def started(monkeypatch):
     original = sandbox.subprocess.Popen
 
     def spy(command, *args, **kwargs):
-        markers.extend(m for arg in command for m in re.findall(r"dpgrpo-sandbox-[0-9a-f]{16}", arg))
+        markers.extend(m for arg in command
+                       for m in re.findall(r"dpgrpo-sandbox-[0-9a-f]{16}", arg))
         return original(command, *args, **kwargs)
 
     monkeypatch.setattr(sandbox.subprocess, "Popen", spy)
@@ -209,8 +212,8 @@ def test_the_temporary_directory_is_removed_and_failures_never_raise(monkeypatch
 def test_without_isolation_the_code_tasks_refuse(monkeypatch):
     monkeypatch.setattr(iso, "_chosen", lambda: (None, "bwrap: not installed; unshare: "
                                                        "Operation not permitted"))
-    with pytest.raises(ConfigError, match="code tasks need OS-level isolation.*bwrap: not "
-                                          "installed.*apt-get install bubblewrap"):
+    with pytest.raises(ConfigError, match=r"code tasks need OS-level isolation.*bwrap: not "
+                                          r"installed.*apt-get install bubblewrap"):
         run_tests(GOOD, TESTS)
     from dpgrpo.tasks import get_task
     from dpgrpo.tasks.base import Problem
@@ -246,7 +249,8 @@ def test_each_launcher_builds_the_same_sandbox(name, monkeypatch):
     hidden = (iso.layout().hidden or [iso.layout().stdlib + "/site-packages"])[0]
     probe = ("import os, sys, sqlite3\n"
              "def f(x):\n    out = [os.getpid(), os.getcwd()]\n"
-             f"    for path in ('/etc', '/home', '/work', '/tmp', '/proc', '/usr/bin', {hidden!r} + '/torch'):\n"
+             "    for path in ('/etc', '/home', '/work', '/tmp', '/proc', '/usr/bin', "
+             f"{hidden!r} + '/torch'):\n"
              "        try:\n            os.stat(path)\n            out.append(path)\n"
              "        except OSError:\n            pass\n"
              "    for path in ('/x.db', sys.prefix + '/lib/x.db', 'ok.db'):\n"
@@ -256,7 +260,7 @@ def test_each_launcher_builds_the_same_sandbox(name, monkeypatch):
              "    return out\n")
     tests = "def check(candidate):\n    assert candidate(0) == 0\n\ncheck(f)\n"
     result = run_tests(probe, tests)
-    seen = eval(result.output.split("returned ", 1)[1])  # noqa: S307 - our own repr of a list
+    seen = eval(result.output.split("returned ", 1)[1])  # our own repr of a list
     prefix = os.path.dirname(os.path.dirname(iso.layout().stdlib))
     assert 1 < seen[0] < 100, seen  # a fresh PID namespace; pid 1 is the reaper
     if name == "unshare":  # the empty mount point umount needed; nothing is mounted there
@@ -276,7 +280,8 @@ def test_with_seccomp_the_kernel_refuses_threads_and_processes():
         "def f(x):\n    out = []\n"
         "    try:\n        threading.Thread(target=print).start()\n        out.append('thread')\n"
         "    except RuntimeError:\n        out.append('no thread')\n"
-        "    path = glob.glob(os.path.dirname(os.__file__) + '/lib-dynload/_posixsubprocess*.so')[0]\n"
+        "    path = glob.glob(os.path.dirname(os.__file__) "
+        "+ '/lib-dynload/_posixsubprocess*.so')[0]\n"
         "    spec = importlib.util.spec_from_file_location('ok._posixsubprocess', path)\n"
         "    ps = importlib.util.module_from_spec(spec)\n    spec.loader.exec_module(ps)\n"
         "    r, w = os.pipe()\n"

@@ -77,7 +77,8 @@ def test_frozen_parts_leave_the_per_prompt_gradients_exact(tok, train, bias, suf
 
 
 def test_the_parameter_count_falls_as_the_issue_says(tok):
-    counts = {train: sum(p.numel() for p in trainable_parameters(_policy(tok, train, True)).values())
+    counts = {train: sum(p.numel()
+                         for p in trainable_parameters(_policy(tok, train, True)).values())
               for train in ("all", "B", "bias")}
     model = _policy(tok, "all", True)
     d_out = sum(m.out_features for n, m in model.named_modules() if n.endswith("lora_B.default"))
@@ -130,7 +131,7 @@ def test_init_adapter_loads_every_weight_or_refuses(tok, tmp_path):
     for name, p in adapter_parameters(warm).items():
         assert torch.equal(p.detach(), source[name]), name
     assert all("lora_B" in n for n in trainable_parameters(warm))
-    with pytest.raises(ConfigError, match="does not fit|tensors for an adapter"):
+    with pytest.raises(ConfigError, match=r"does not fit|tensors for an adapter"):
         attach_lora(build_tiny_model(tok, dtype="float64"),
                     LoraSettings(rank=2, init_adapter=str(saved)))
     with pytest.raises(ConfigError, match="tensors for an adapter"):
@@ -163,7 +164,7 @@ def test_keeping_the_public_a_starts_at_the_base_model(tok, tmp_path):
             assert torch.equal(logits, warm(input_ids=ids).logits)
     with pytest.raises(ConfigError, match="init_adapter_keep must be one of"):
         ModelConfig(init_adapter=str(saved), init_adapter_keep="B")
-    with pytest.raises(ConfigError, match="set model.init_adapter"):
+    with pytest.raises(ConfigError, match=r"set model.init_adapter"):
         ModelConfig(init_adapter_keep="A")
 
 

@@ -64,7 +64,7 @@ def test_all_reduce_then_noise_once_equals_single_process(tmp_path):
 def test_shard_partitions_records():
     items = list(range(7))
     parts = [shard(items, DistContext(r, 3)) for r in range(3)]
-    assert sorted(sum(parts, [])) == items and parts[0] == [0, 3, 6]
+    assert sorted(x for part in parts for x in part) == items and parts[0] == [0, 3, 6]
 
 
 def _train_worker(rank: int, world: int, port: int, model_dir: str, run_dir: str) -> None:
@@ -110,7 +110,8 @@ def _train_worker(rank: int, world: int, port: int, model_dir: str, run_dir: str
     train(cfg, run_dir)
     with open(os.path.join(os.path.dirname(run_dir), f"rounds-{rank}.json"), "w") as f:
         json.dump(log, f)
-    adapter = {k: v.detach().clone() for k, v in seen["run"].model.named_parameters() if v.requires_grad}
+    adapter = {k: v.detach().clone() for k, v in seen["run"].model.named_parameters()
+               if v.requires_grad}
     torch.save(adapter, os.path.join(os.path.dirname(run_dir), f"adapter-{rank}.pt"))
     torch.distributed.destroy_process_group()
 

@@ -249,7 +249,8 @@ def test_batchmates_leave_other_prompts_bit_identical(policy32, tok, method):
     for i, j in ((0, 0), (1, 2), (2, 3)):
         for name in a:
             assert torch.equal(a[name][i], b[name][j]), (i, name)
-        ra, rb = alone.ref_logprobs[alone.prompt_rows(i)], crowded.ref_logprobs[crowded.prompt_rows(j)]
+        ra = alone.ref_logprobs[alone.prompt_rows(i)]
+        rb = crowded.ref_logprobs[crowded.prompt_rows(j)]
         assert torch.equal(ra[ra != 0], rb[rb != 0])
     assert float(sum(a[n][0].abs().sum() for n in a)) > 0
 

@@ -12,9 +12,9 @@ from dpgrpo.training.metrics import PHASES, PUBLIC_KEYS, TIMING_KEYS, Laps, open
 
 
 def test_public_keys_are_the_allow_list():
-    assert PUBLIC_KEYS == {"round", "rounds", "epsilon"}
-    assert TIMING_KEYS == {"elapsed", "time/round", "time/rollout", "time/reference",
-                           "time/gradients", "time/mechanism", "time/step"}
+    assert {"round", "rounds", "epsilon"} == PUBLIC_KEYS
+    assert {"elapsed", "time/round", "time/rollout", "time/reference", "time/gradients",
+            "time/mechanism", "time/step"} == TIMING_KEYS
 
 
 def test_logger_refuses_private_keys_and_writes_jsonl(tmp_path):
@@ -33,7 +33,7 @@ def test_logger_refuses_private_keys_and_writes_jsonl(tmp_path):
 
 def test_backends_are_validated():
     assert TrainConfig(metrics=("jsonl", "tensorboard")).metrics == ("jsonl", "tensorboard")
-    with pytest.raises(ConfigError, match="train.metrics"):
+    with pytest.raises(ConfigError, match=r"train.metrics"):
         TrainConfig(metrics=("csv",))
 
 
@@ -54,7 +54,7 @@ def test_timings_need_the_opt_in_and_stay_on_the_machine_in_releasable_runs(tmp_
     from dpgrpo.config import apply_overrides, embedded_default
 
     timed = {"round": 1, "rounds": 2, "epsilon": 0.5, "elapsed": 3.0, "time/reference": 0.2}
-    with pytest.raises(PrivacyError, match="reveal the realized batch size.*public_timings"):
+    with pytest.raises(PrivacyError, match=r"reveal the realized batch size.*public_timings"):
         open_metrics(("jsonl",), tmp_path).log(timed)
     opted = open_metrics(("jsonl",), tmp_path / "opted", timings=True)
     opted.log(timed)
@@ -63,7 +63,8 @@ def test_timings_need_the_opt_in_and_stay_on_the_machine_in_releasable_runs(tmp_
         opted.log({**timed, "batch_size": 4})  # the opt-in admits times, nothing else
     assert TrainConfig().public_timings is False
     base = embedded_default()
-    with pytest.raises(ConfigError, match=r"public_timings = true with train.metrics = \['wandb'\]"):
+    with pytest.raises(ConfigError,
+                       match=r"public_timings = true with train.metrics = \['wandb'\]"):
         apply_overrides(base, ["train.metrics=wandb", "train.public_timings=true"])
     # allowed: on the machine, or a run that is not releasable anyway (seeded, non-private)
     assert apply_overrides(base, ["train.metrics=jsonl,tensorboard",
