@@ -38,7 +38,7 @@ def kill_during(point: str) -> None:
         # a round: charged but not started; coins drawn; after the noisy AdamW step
         "charged": lambda: kill_on_call(trainer.PrivacyJournal, "charge", 3, when="after"),
         "sampled": lambda: kill_on_call(PoissonSampler, "sample", 3, when="after"),
-        "stepped": lambda: kill_on_call(trainer, "_apply", 4, when="after"),
+        "stepped": lambda: kill_on_call(trainer, "apply_update", 4, when="after"),
         # the round-4 checkpoint: state.pt half written; the step folder in place but `latest`
         # not moved; `latest` moved but neither telemetry nor release written; the release
         # built but not swapped in; the old release moved aside, the new one not yet in place
@@ -64,8 +64,10 @@ def _half_written(owner, name: str, nth: int) -> None:
         calls[0] += 1
         original(obj, path, *args, **kwargs)
         if calls[0] == nth:
-            data = open(path, "rb").read()
-            open(path, "wb").write(data[: len(data) // 2])
+            with open(path, "rb") as f:
+                data = f.read()
+            with open(path, "wb") as f:
+                f.write(data[: len(data) // 2])
             die()
 
     setattr(owner, name, half)

@@ -17,7 +17,7 @@ from dpgrpo.config import values as config_values
 from dpgrpo.errors import ConfigError, ReleaseError
 from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
-from dpgrpo.training.trainer import _apply, train
+from dpgrpo.training.trainer import apply_update, train
 
 BAD = [  # (TOML, the key the error names, what it says)
     ("[privacy]\nclip_norm = 1e308", "privacy.clip_norm", "at most 1e6, got 1e308"),
@@ -123,7 +123,7 @@ def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state():
     model = torch.nn.Linear(3, 2, bias=False)
     adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
     one = {"weight": torch.ones(2, 3, dtype=torch.float64)}
-    assert _apply(model, adamw, one) == pytest.approx(math.sqrt(6))
+    assert apply_update(model, adamw, one) == pytest.approx(math.sqrt(6))
     weight = model.weight.detach().clone()
     state = {k: v.clone() for k, v in adamw.state[model.weight].items()}
 
@@ -131,14 +131,15 @@ def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state():
         return torch.equal(model.weight, weight) and all(
             torch.equal(v, adamw.state[model.weight][k]) for k, v in state.items())
 
-    assert _apply(model, adamw, {"weight": torch.full((2, 3), 1e308, dtype=torch.float64)}) \
-        is None and unchanged()                              # inf once cast to fp32
-    assert _apply(model, adamw, {"weight": torch.full((2, 3), math.nan)}) is None and unchanged()
+    huge = {"weight": torch.full((2, 3), 1e308, dtype=torch.float64)}
+    assert apply_update(model, adamw, huge) is None and unchanged()  # inf once cast to fp32
+    nan = {"weight": torch.full((2, 3), math.nan)}
+    assert apply_update(model, adamw, nan) is None and unchanged()
     for lr in (1e38, 3e38):                                  # the step itself overflows
         adamw.param_groups[0]["lr"] = lr
-        assert _apply(model, adamw, one) is None and unchanged() and model.weight.grad is None
+        assert apply_update(model, adamw, one) is None and unchanged() and model.weight.grad is None
     adamw.param_groups[0]["lr"] = 1e-3
-    assert _apply(model, adamw, one) is not None and not torch.equal(model.weight, weight)
+    assert apply_update(model, adamw, one) is not None and not torch.equal(model.weight, weight)
 
     class Counting(torch.optim.SGD):
         steps = 0
@@ -149,12 +150,12 @@ def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state():
 
     counting = Counting(model.parameters(), lr=1.0)
     for bad in (1e308, math.inf, math.nan):                  # refused before the step
-        assert _apply(model, counting, {"weight": torch.full((2, 3), bad,
-                                                             dtype=torch.float64)}) is None
+        update = {"weight": torch.full((2, 3), bad, dtype=torch.float64)}
+        assert apply_update(model, counting, update) is None
     assert Counting.steps == 0 and model.weight.grad is None
     fresh = torch.optim.SGD(model.parameters(), lr=1e38)      # a weight of 1e38 * 1e10: inf
     before = model.weight.detach().clone()
-    assert _apply(model, fresh, {"weight": torch.full((2, 3), 1e10)}) is None
+    assert apply_update(model, fresh, {"weight": torch.full((2, 3), 1e10)}) is None
     assert torch.equal(model.weight, before) and not fresh.state
 
 

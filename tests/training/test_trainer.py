@@ -70,7 +70,8 @@ def test_release_and_recovery_split(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(release))
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, str(release))
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert lora_b and any(float(p.abs().sum()) > 0 for p in lora_b)
 
@@ -79,7 +80,8 @@ def test_resume_gives_the_same_ledger(tiny_model_dir, tmp_path):
     cfg = tiny_config(tiny_model_dir, "privacy.seed=11")
     full = train(cfg, tmp_path / "full")
     part = train(cfg, tmp_path / "part", stop_after=2)  # interrupted right after checkpoint 2
-    assert part.rounds_done == 2 and not (tmp_path / "part" / "release" / "adapter_model.safetensors").read_bytes() == b""
+    assert part.rounds_done == 2
+    assert (tmp_path / "part" / "release" / "adapter_model.safetensors").read_bytes() != b""
     resumed = train(None, tmp_path / "part", resume=True)
     a = PrivacyLedger.from_dict(full.certificate["ledger"])
     b = PrivacyLedger.from_dict(resumed.certificate["ledger"])
@@ -88,7 +90,8 @@ def test_resume_gives_the_same_ledger(tiny_model_dir, tmp_path):
     fa, fb = _adapter(tmp_path / "full"), _adapter(tmp_path / "part")
     assert all(torch.allclose(fa[k], fb[k], atol=1e-6) for k in fa)
     assert full.certificate["releasable"] is False and full.certificate["seeded"] is True
-    assert json.loads((tmp_path / "full" / "release" / "dpgrpo_config.json").read_text())["privacy"]["seeded"]
+    released = json.loads((tmp_path / "full" / "release" / "dpgrpo_config.json").read_text())
+    assert released["privacy"]["seeded"]
 
 
 def test_replayed_rounds_are_charged(tiny_model_dir, tmp_path):
@@ -97,7 +100,8 @@ def test_replayed_rounds_are_charged(tiny_model_dir, tmp_path):
     resumed = train(None, tmp_path / "run", resume=True)
     cert = resumed.certificate
     assert cert["rounds_retained"] == 4 and cert["rounds_charged"] == 5  # round 3 twice
-    assert cert["epsilon"] == pytest.approx(compute_epsilon(40, 4, 5, 1.0, 1 / 400).epsilon, rel=1e-12)
+    expected = compute_epsilon(40, 4, 5, 1.0, 1 / 400).epsilon
+    assert cert["epsilon"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_existing_run_is_not_overwritten(tiny_model_dir, tmp_path):
@@ -128,7 +132,8 @@ def test_empty_batches_take_a_noise_step_and_are_charged(tiny_model_dir, tmp_pat
     cfg = tiny_config(tiny_model_dir, "privacy.expected_batch=0.0001", "train.rounds=2",
                       "privacy.seed=3")
     result = train(cfg, tmp_path / "run")
-    rows = [json.loads(x) for x in (tmp_path / "run" / "recovery" / "telemetry.jsonl").read_text().splitlines()]
+    telemetry = tmp_path / "run" / "recovery" / "telemetry.jsonl"
+    rows = [json.loads(x) for x in telemetry.read_text().splitlines()]
     assert [r["batch_size"] for r in rows] == [0, 0]
     assert result.certificate["rounds_charged"] == 2
     lora_b = [v for k, v in _adapter(tmp_path / "run").items() if "lora_B" in k]
@@ -231,7 +236,8 @@ def test_eval_a_trained_run_by_its_directory(tiny_model_dir, tmp_path):
 
     from dpgrpo.cli import app
 
-    train(tiny_config(tiny_model_dir, "train.rounds=1", "train.checkpoint_every=1"), tmp_path / "run")
+    train(tiny_config(tiny_model_dir, "train.rounds=1", "train.checkpoint_every=1"),
+          tmp_path / "run")
     out = CliRunner().invoke(app, ["eval", "--run", str(tmp_path / "run"), "--limit", "3",
                                    "--max-new-tokens", "4", "--out", str(tmp_path / "eval")])
     assert out.exit_code == 0, out.output
@@ -241,13 +247,13 @@ def test_eval_a_trained_run_by_its_directory(tiny_model_dir, tmp_path):
 
 
 def test_the_update_is_clipped_to_max_update_norm_before_the_adamw_step():
-    from dpgrpo.training.trainer import _apply
+    from dpgrpo.training.trainer import apply_update
 
     def moved(max_norm):
         model = torch.nn.Linear(3, 2, bias=False)
         start = model.weight.detach().clone()
         sgd = torch.optim.SGD(model.parameters(), lr=1.0)     # the step is the update itself
-        norm = _apply(model, sgd, {"weight": torch.full((2, 3), 2.0)}, max_norm=max_norm)
+        norm = apply_update(model, sgd, {"weight": torch.full((2, 3), 2.0)}, max_norm=max_norm)
         assert model.weight.grad is None                      # zeroed for the next round
         return norm, float((start - model.weight.detach()).norm())
 
@@ -261,14 +267,14 @@ def test_max_update_norm_reaches_the_round_and_its_norm_the_private_telemetry(ti
                                                                               monkeypatch):
     import dpgrpo.training.trainer as trainer_module
 
-    seen, apply = [], trainer_module._apply
+    seen, apply = [], trainer_module.apply_update
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("max_norm"))
         return apply(*args, **kwargs)
 
-    monkeypatch.setattr(trainer_module, "_apply", spy)
-    with pytest.raises(ConfigError, match="train.max_update_norm must be > 0"):
+    monkeypatch.setattr(trainer_module, "apply_update", spy)
+    with pytest.raises(ConfigError, match=r"train.max_update_norm must be > 0"):
         tiny_config(tiny_model_dir, "train.max_update_norm=0").validate()
     cfg = tiny_config(tiny_model_dir, "train.max_update_norm=1e-3", "train.rounds=2",
                       "privacy.seed=5")
