@@ -72,8 +72,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ARMS = ("trl", "non-private", "dp-grpo")
 #: the TRL options both libraries read (dpgrpo through from_trl_config)
@@ -127,7 +127,7 @@ def dataset_and_reward():
     rows = [{"prompt": [{"role": "user", "content": task.prompt(p)}], "answer": p.answer,
              "id": p.id} for p in problems.values()]
 
-    def arithmetic_reward(prompts, completions, id, **kwargs):       # noqa: A002 (TRL column)
+    def arithmetic_reward(prompts, completions, id, **kwargs):       # id: TRL's column name
         return [task.reward(c[0]["content"], problems[i]) for c, i in zip(completions, id)]
 
     return datasets.Dataset.from_list(rows), arithmetic_reward
@@ -576,6 +576,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=2,
                         help="--runs: runs at a time, one thread each (2 on 2 cores; a second "
                              "campaign beside a running one takes 1, dpgrpo variants only)")
+    parser.add_argument("--trl-slots", type=int, default=1,
+                        help="--runs: TRL runs at a time (each peaks at about 8.3 GB: 2 fit in "
+                             "24 GB when little else runs)")
     parser.add_argument("--report", action="store_true",
                         help="only report the finished runs of --runs under --work")
     parser.add_argument("--any-commit", action="store_true",
@@ -590,13 +593,13 @@ def main() -> None:
         import vs_trl_runs
 
         if args.runs is not None:
-            if args.runs < 1 or args.slots < 1:
-                raise SystemExit("bench/vs_trl.py: --runs and --slots must be >= 1")
+            if args.runs < 1 or args.slots < 1 or args.trl_slots < 1:
+                raise SystemExit("bench/vs_trl.py: --runs, --slots and --trl-slots must be >= 1")
             model_dir = export_model(args.model_dir or args.work / "smollm2-135m-hf")
             vs_trl_runs.campaign(args.work, [v for v in args.variants.split(",") if v],
                                  args.runs, model_dir, rounds=args.rounds, limit=args.eval,
-                                 slots=args.slots, sets=args.sets, log=lambda m: print(m, file=sys.stderr,
-                                                                     flush=True))
+                                 slots=args.slots, sets=args.sets, trl_slots=args.trl_slots,
+                                 log=lambda m: print(m, file=sys.stderr, flush=True))
         summary = vs_trl_runs.report(vs_trl_runs.records(args.work), any_commit=args.any_commit)
         print(json.dumps(summary, indent=None if args.json else 2))
         return

@@ -7,8 +7,8 @@ short answer format in time, or not), so one run per library says little. This h
   the two steps differ or agree) until each has K finished runs, **two runs at a time with one
   thread each** (both cores in use, every run under the same load), the next run always of the
   variant with the fewest runs so far, so the variants take turns and share the machine state.
-  At most one TRL run at a time: its peak RSS (8.5 GB) twice, beside the rest, does not fit in
-  24 GB;
+  At most ``--trl-slots`` TRL runs at a time (default 1): one peaks at about 8.3 GB of RSS,
+  so two fit in 24 GB only while little else runs;
 * keeps **each finished run's record** (``WORK/runs/<variant>/<run>/record.json``: code version,
   settings, per-round reward and cap rate, seconds, peak RSS, the per-problem 0/1 of its greedy
   evaluation), so runs accumulate across sittings: a second call with the same ``--work`` only
@@ -35,9 +35,9 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import vs_trl
 
@@ -192,11 +192,12 @@ def records(work: Path) -> list[dict]:
 
 
 def next_variant(wanted: Sequence[str], counts: dict[str, int], running: Sequence[str],
-                 k: int) -> str | None:
+                 k: int, trl_slots: int = 1) -> str | None:
     """The variant to start next: of those with fewer than ``k`` runs finished or running,
-    the one with the fewest (ties in ``wanted``'s order); a TRL variant only while no TRL run
-    is running (memory). None: nothing to start now."""
-    trl_busy = any(VARIANTS[v].library == "trl" for v in running)
+    the one with the fewest (ties in ``wanted``'s order); a TRL variant only while fewer than
+    ``trl_slots`` TRL runs are running (memory: one TRL run peaks at about 8.3 GB). None:
+    nothing to start now."""
+    trl_busy = sum(VARIANTS[v].library == "trl" for v in running) >= trl_slots
     best = None
     for name in wanted:
         have = counts.get(name, 0) + sum(v == name for v in running)
@@ -215,9 +216,10 @@ def child_command(name: str, model_dir: Path, run_dir: Path, rounds: int, limit:
 
 
 def campaign(work: Path, wanted: Sequence[str], k: int, model_dir: Path, *, rounds: int = 12,
-             limit: int = 200, slots: int = 2, sets: Sequence[str] = (),
+             limit: int = 200, slots: int = 2, sets: Sequence[str] = (), trl_slots: int = 1,
              poll: float = 5.0, log=print) -> list[dict]:
-    """Run the variants until each has ``k`` finished runs of this commit under ``work``."""
+    """Run the variants until each has ``k`` finished runs of this commit under ``work``,
+    ``slots`` runs at a time, at most ``trl_slots`` of them TRL runs."""
     for name in wanted:
         if name not in VARIANTS:
             raise SystemExit(f"vs_trl --runs: unknown variant {name!r}; known: "
@@ -245,7 +247,8 @@ def campaign(work: Path, wanted: Sequence[str], k: int, model_dir: Path, *, roun
                 log(f"{time.strftime('%H:%M:%S')} {name} {folder.name}: failed (exit "
                     f"{proc.returncode}; see {folder / 'log.txt'}); it will be run again")
         while len(running) < slots:
-            name = next_variant(wanted, counts, [f.parent.name for _, f in running.values()], k)
+            name = next_variant(wanted, counts, [f.parent.name for _, f in running.values()], k,
+                                trl_slots)
             if name is None:
                 break
             run_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)

@@ -150,6 +150,9 @@ def test_runs_take_turns_fewest_first_and_never_two_trl_runs_at_once():
     assert pick(wanted, {"trl-nodrop": 12, "dpgrpo-nodrop-fixed": 11},
                 ["dpgrpo-nodrop-fixed"], 12) is None                   # K reached by all
     assert pick(["trl", "trl-nodrop"], {}, ["trl"], 12) is None       # both TRL: wait
+    # --trl-slots 2: a second TRL run may start beside the first, not a third
+    assert pick(["trl-nodrop"], {}, ["trl-nodrop"], 12, trl_slots=2) == "trl-nodrop"
+    assert pick(["trl-nodrop"], {}, ["trl-nodrop"] * 2, 12, trl_slots=2) is None
 
 
 def _record(variant: str, correct: list[bool], started: float, version: str = "v1") -> dict:
