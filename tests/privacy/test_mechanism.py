@@ -161,11 +161,13 @@ def test_infinite_clip_with_noise_is_a_privacy_error():
                   noise=NoiseSource(seed=0))
 
 
-def test_single_tensor_input_fp32_clipping_and_fp64_sum():
-    g = torch.randn(5, 10, dtype=torch.float16)
-    assert clip_per_record(g, 1.0).dtype == torch.float32
-    out = clip_and_sum(g, 1.0)
+def test_fp16_records_clip_in_fp32_sum_in_fp64_and_a_bare_tensor_is_refused():
+    g = {"w": torch.randn(5, 10, dtype=torch.float16)}   # the one type: name -> (B, ...)
+    assert clip_per_record(g, 1.0)["w"].dtype == torch.float32
+    out = clip_and_sum(g, 1.0)["w"]
     assert out.dtype == torch.float64 and out.shape == (10,)
+    with pytest.raises(TypeError, match="pass a single tensor g as"):
+        clip_and_sum(g["w"], 1.0)
 
 
 def test_privatize_is_clip_sum_count_then_noise_and_scale():

@@ -160,17 +160,17 @@ def test_a_step_that_makes_a_weight_non_finite_is_undone_with_its_adamw_state():
 
 
 def test_the_clipped_sum_and_the_division_by_q_n_are_checked():
-    grads = torch.full((4, 3), 1e308, dtype=torch.float64)   # each record finite, the sum not
+    grads = {"w": torch.full((4, 3), 1e308, dtype=torch.float64)}  # records finite, sum not
     summed = privatize(grads, clip_norm=math.inf, noise_multiplier=0.0, expected_batch=4.0,
                        noise=NoiseSource(seed=1))
     assert not summed.sum_finite and not summed.finite
-    small = privatize(torch.full((1, 3), 1e300, dtype=torch.float64), clip_norm=math.inf,
+    small = privatize({"w": torch.full((1, 3), 1e300, dtype=torch.float64)}, clip_norm=math.inf,
                       noise_multiplier=0.0, expected_batch=1e-10, noise=NoiseSource(seed=1))
     assert small.sum_finite and not small.finite             # 1e300 / 1e-10 overflows
-    fine = privatize(torch.ones(2, 3), clip_norm=1.0, noise_multiplier=0.0,
+    fine = privatize({"w": torch.ones(2, 3)}, clip_norm=1.0, noise_multiplier=0.0,
                      expected_batch=2.0, noise=NoiseSource(seed=1))
-    assert fine.finite and torch.allclose(fine.update, torch.full((3,), 1 / math.sqrt(3),
-                                                                  dtype=torch.float64))
+    assert fine.finite and torch.allclose(fine.update["w"], torch.full((3,), 1 / math.sqrt(3),
+                                                                       dtype=torch.float64))
 
 
 def _peft_model(tiny_model_dir):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, cast
+from typing import Callable
 
 import numpy as np
 import torch
@@ -121,9 +121,8 @@ Mechanism = Callable[..., Grads]
 
 def _correct(grads: Grads, *, clip_norm: float, noise_multiplier: float, expected_batch: float,
              noise: NoiseSource) -> Grads:
-    # name -> tensor records: the mechanism returns name -> tensor (Grads) as well
-    return cast(Grads, privatize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
-                                 expected_batch=expected_batch, noise=noise).update)
+    return privatize(grads, clip_norm=clip_norm, noise_multiplier=noise_multiplier,
+                     expected_batch=expected_batch, noise=noise).update
 
 
 def _scale(total: Grads, expected_batch: float) -> Grads:
@@ -139,17 +138,16 @@ def _no_clipping(grads: Grads, *, clip_norm: float, noise_multiplier: float,
                  expected_batch: float, noise: NoiseSource) -> Grads:
     total = sum_records(sanitize_nonfinite(grads)[0])
     noise.start_round()
-    noisy = cast(Grads, add_gaussian_noise(total, noise_multiplier, clip_norm, noise))
+    noisy = add_gaussian_noise(total, noise_multiplier, clip_norm, noise)
     return _scale(noisy, expected_batch)
 
 
 def _half_coordinates(grads: Grads, *, clip_norm: float, noise_multiplier: float,
                       expected_batch: float, noise: NoiseSource) -> Grads:
-    total = cast(Grads, clip_and_sum(grads, clip_norm))
+    total = clip_and_sum(grads, clip_norm)
     first = next(iter(total))
     noise.start_round()
-    noisy = cast(Grads, add_gaussian_noise({first: total[first]}, noise_multiplier, clip_norm,
-                                           noise))
+    noisy = add_gaussian_noise({first: total[first]}, noise_multiplier, clip_norm, noise)
     return _scale({k: noisy.get(k, v) for k, v in total.items()}, expected_batch)
 
 

@@ -1,8 +1,10 @@
 """The Gaussian mechanism over per-prompt gradients (Algorithm 1, lines 7-9; Appendix A-A).
 
-Pure functions over a batch of per-record gradients with a leading record axis, given either as
-one tensor ``(B, ...)`` or as a mapping ``name -> (B, *param_shape)``. A record is one prompt
-with all of its completions, so each record's gradient already sums its G completions.
+Pure functions over one gradient type, :data:`PerRecordGrads`: a mapping from parameter name to
+that parameter's per-record gradients ``(B, *param_shape)``, the record axis first (a single
+tensor ``g`` is the mapping ``{"w": g}``). A record is one prompt with all of its completions,
+so each record's gradient already sums its G completions. Sums and updates are :data:`Grads`,
+name -> ``param_shape``, in the same order.
 
     g_bar_i = g_i * min(1, C / ||g_i||_2)          (Eq. 4; the norm is joint over all tensors)
     U       = sum_i g_bar_i + z,  z ~ N(0, sigma^2 C^2 I)        (noise exactly once)
@@ -24,30 +26,30 @@ dpgrpo where gradients of different records are combined.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Union
+from typing import Protocol
 
 import torch
 
 from dpgrpo.errors import PrivacyError
 from dpgrpo.privacy.noise import NoiseSource
 
-PerRecordGrads = Union[torch.Tensor, Mapping[str, torch.Tensor]]
+#: per-record gradients, the one gradient type through the mechanism: parameter name ->
+#: (B, *param_shape), the same B for every name (training.grads.per_prompt_grads gives it)
+PerRecordGrads = Mapping[str, torch.Tensor]
+#: a clipped sum, a noisy sum or an update: parameter name -> param_shape (fp64)
 Grads = dict[str, torch.Tensor]
 
-_SINGLE = "__tensor__"
 
-
-def _as_dict(grads: PerRecordGrads) -> Grads:
+def _named(grads: PerRecordGrads) -> Grads:
+    """``grads`` as a dict, refusing what is not per-record gradients by name."""
     if isinstance(grads, torch.Tensor):
-        return {_SINGLE: grads}
+        raise TypeError("per-record gradients are a mapping name -> (B, ...) tensor; pass a "
+                        "single tensor g as {'w': g}")
     if not grads:
         raise PrivacyError("per-record gradients are empty: no tensors to clip")
     return dict(grads)
-
-
-def _like_input(grads: PerRecordGrads, out: Grads) -> torch.Tensor | Grads:
-    return out[_SINGLE] if isinstance(grads, torch.Tensor) else out
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -57,7 +59,7 @@ def _work_dtype(t: torch.Tensor) -> torch.dtype:
 
 def num_records(grads: PerRecordGrads) -> int:
     """Size of the leading record axis (consistent across all tensors)."""
-    d = _as_dict(grads)
+    d = _named(grads)
     sizes = {t.shape[0] if t.dim() > 0 else -1 for t in d.values()}
     if len(sizes) != 1 or -1 in sizes:
         raise PrivacyError(f"every tensor needs the same leading record axis; got sizes {sizes}")
@@ -71,7 +73,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def per_record_norms(grads: PerRecordGrads) -> torch.Tensor:
     """Joint L2 norm of each record over all of its tensors, shape (B,), in the work dtype."""
-    d = _as_dict(grads)
+    d = _named(grads)
     b = num_records(d)
     dtype = _work_dtype(next(iter(d.values())))
     sq = torch.zeros(b, dtype=dtype, device=next(iter(d.values())).device)
@@ -82,7 +84,7 @@ def per_record_norms(grads: PerRecordGrads) -> torch.Tensor:
 
 def nonfinite_records(grads: PerRecordGrads) -> torch.Tensor:
     """Boolean mask (B,) of records that have any NaN or infinite entry."""
-    d = _as_dict(grads)
+    d = _named(grads)
     b = num_records(d)
     bad = torch.zeros(b, dtype=torch.bool, device=next(iter(d.values())).device)
     for t in d.values():
@@ -90,27 +92,27 @@ def nonfinite_records(grads: PerRecordGrads) -> torch.Tensor:
     return bad
 
 
-def sanitize_nonfinite(grads: PerRecordGrads) -> tuple[torch.Tensor | Grads, torch.Tensor]:
+def sanitize_nonfinite(grads: PerRecordGrads) -> tuple[Grads, torch.Tensor]:
     """Replace every non-finite record by the zero vector; returns (grads, mask of replaced)."""
-    d = _as_dict(grads)
+    d = _named(grads)
     bad = nonfinite_records(d)
     out = {}
     for name, t in d.items():
         keep = (~bad).view(-1, *([1] * (t.dim() - 1)))
         out[name] = torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device))
-    return _like_input(grads, out), bad
+    return out, bad
 
 
-def clip_per_record(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | Grads:
+def clip_per_record(grads: PerRecordGrads, clip_norm: float) -> Grads:
     """Scale each record to L2 norm at most C (Eq. 4), jointly over its tensors.
 
     ``clip_norm = inf`` disables clipping (non-private reference runs only).
     """
     if not clip_norm > 0:
         raise PrivacyError(f"clipping norm C must be > 0, got {clip_norm}")
-    d = _as_dict(grads)
+    d = _named(grads)
     if math.isinf(clip_norm):
-        return _like_input(grads, {k: v.to(_work_dtype(v)) for k, v in d.items()})
+        return {k: v.to(_work_dtype(v)) for k, v in d.items()}
     norms = per_record_norms(d)
     # min(1, C / ||g||): records with zero norm get factor 1 (C / 0 = inf).
     factor = torch.clamp(clip_norm / norms, max=1.0)
@@ -118,17 +120,17 @@ def clip_per_record(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | G
     for name, t in d.items():
         shape = (-1,) + (1,) * (t.dim() - 1)
         out[name] = t.to(factor.dtype) * factor.view(shape)
-    return _like_input(grads, out)
+    return out
 
 
-def sum_records(grads: PerRecordGrads) -> torch.Tensor | Grads:
+def sum_records(grads: PerRecordGrads) -> Grads:
     """Sum over the record axis in fp64; an empty batch gives zeros of the parameter shapes."""
-    d = _as_dict(grads)
-    return _like_input(grads, {k: v.sum(dim=0, dtype=torch.float64) for k, v in d.items()})
+    d = _named(grads)
+    return {k: v.sum(dim=0, dtype=torch.float64) for k, v in d.items()}
 
 
-def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, clip_norm: float,
-                       noise: NoiseSource) -> torch.Tensor | Grads:
+def add_gaussian_noise(summed: Grads, noise_multiplier: float, clip_norm: float,
+                       noise: NoiseSource) -> Grads:
     """Add N(0, sigma^2 C^2 I) to the sum, once, to every coordinate of every tensor (line 8).
 
     The noise is fp64 from the CPU, drawn as one vector for all tensors (in their order) and
@@ -141,12 +143,11 @@ def add_gaussian_noise(summed: torch.Tensor | Grads, noise_multiplier: float, cl
         raise PrivacyError("noise with an infinite clipping norm has infinite scale: a private "
                            "run needs a finite C, because sensitivity is bounded only by clipping")
     std = noise_multiplier * clip_norm if noise_multiplier > 0 else 0.0
-    d = summed if isinstance(summed, dict) else {_SINGLE: summed}
+    d = _named(summed)
     sizes = [v.numel() for v in d.values()]
     flat = noise.normal((sum(sizes),), std).to(next(iter(d.values())).device)
-    out = {k: v.to(torch.float64) + z.view(v.shape).to(v.device)
-           for (k, v), z in zip(d.items(), flat.split(sizes))}
-    return out if isinstance(summed, dict) else out[_SINGLE]
+    return {k: v.to(torch.float64) + z.view(v.shape).to(v.device)
+            for (k, v), z in zip(d.items(), flat.split(sizes))}
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class ClippedSum:
     before any reduction, so the sensitivity of the reduced total is still C.
     """
 
-    total: torch.Tensor | Grads
+    total: Grads
     num_records: int
     num_nonfinite: int
     num_clipped: int
@@ -171,7 +172,7 @@ class PrivatizedUpdate:
     training-time telemetry computed from private data: they belong in ``recovery/`` only.
     """
 
-    update: torch.Tensor | Grads
+    update: Grads
     num_records: int
     num_nonfinite: int
     num_clipped: int
@@ -184,10 +185,9 @@ class PrivatizedUpdate:
         return self.sum_finite and all_finite(self.update)
 
 
-def all_finite(tensors: torch.Tensor | Grads) -> bool:
+def all_finite(tensors: Grads) -> bool:
     """Whether every entry of every tensor is finite."""
-    d = tensors if isinstance(tensors, dict) else {_SINGLE: tensors}
-    return all(bool(torch.isfinite(t).all()) for t in d.values())
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values())
 
 
 def check_expected_batch(expected_batch: float) -> None:
@@ -206,13 +206,13 @@ def clip_sum_count(grads: PerRecordGrads, clip_norm: float) -> ClippedSum:
     return ClippedSum(total, b, int(bad.sum()), clipped)
 
 
-def clip_and_sum(grads: PerRecordGrads, clip_norm: float) -> torch.Tensor | Grads:
+def clip_and_sum(grads: PerRecordGrads, clip_norm: float) -> Grads:
     """The fp64 sum of sanitized, clipped records (:func:`clip_sum_count` without the counts)."""
     return clip_sum_count(grads, clip_norm).total
 
 
-def noise_and_scale(total: torch.Tensor | Grads, *, clip_norm: float, noise_multiplier: float,
-                    expected_batch: float, noise: NoiseSource) -> torch.Tensor | Grads:
+def noise_and_scale(total: Grads, *, clip_norm: float, noise_multiplier: float,
+                    expected_batch: float, noise: NoiseSource) -> Grads:
     """Add N(0, sigma^2 C^2 I) once to the clipped sum and divide by the public q*n (lines 8-9).
 
     Starts the noise source's round (:meth:`NoiseSource.start_round`): call it exactly once per
@@ -221,9 +221,7 @@ def noise_and_scale(total: torch.Tensor | Grads, *, clip_norm: float, noise_mult
     check_expected_batch(expected_batch)
     noise.start_round()
     noisy = add_gaussian_noise(total, noise_multiplier, clip_norm, noise)
-    d = noisy if isinstance(noisy, dict) else {_SINGLE: noisy}
-    scaled = {k: v / expected_batch for k, v in d.items()}
-    return scaled if isinstance(noisy, dict) else scaled[_SINGLE]
+    return {k: v / expected_batch for k, v in noisy.items()}
 
 
 class Reduce(Protocol):
@@ -266,7 +264,7 @@ def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: floa
     :func:`noise_and_scale` on one process.
 
     Args:
-        grads: per-prompt gradients with a leading record axis (possibly of size 0).
+        grads: per-prompt gradients, name -> (B, ...) (B possibly 0).
         clip_norm: C; ``inf`` only together with ``noise_multiplier = 0``.
         noise_multiplier: sigma (0 for non-private reference runs).
         expected_batch: the public q * n. Never pass the realized batch size: it depends on the
@@ -282,8 +280,7 @@ def privatize(grads: PerRecordGrads, *, clip_norm: float, noise_multiplier: floa
                                  noise_multiplier=noise_multiplier,
                                  expected_batch=expected_batch, noise=noise)
     else:
-        total = part.total if isinstance(part.total, dict) else {_SINGLE: part.total}
-        update = {k: torch.empty_like(v) for k, v in total.items()}
-    update = reduce.share(update) if isinstance(update, dict) else update
+        update = {k: torch.empty_like(v) for k, v in part.total.items()}
+    update = reduce.share(update)
     return PrivatizedUpdate(update, part.num_records, part.num_nonfinite, part.num_clipped,
                             sum_finite=all_finite(part.total))

@@ -98,15 +98,14 @@ class _Ranks:
             return part
         import torch.distributed as dist
 
-        total = dict(part.total) if isinstance(part.total, dict) else {"": part.total}
+        total = dict(part.total)
         counts = torch.tensor((part.num_records, part.num_nonfinite, part.num_clipped),
                               dtype=torch.float64, device=next(iter(total.values())).device)
         for name in sorted(total):
             dist.all_reduce(total[name], op=dist.ReduceOp.SUM)
         dist.all_reduce(counts, op=dist.ReduceOp.SUM)
         records, nonfinite, clipped = (int(x) for x in counts.tolist())
-        return ClippedSum(total if isinstance(part.total, dict) else total[""],
-                          records, nonfinite, clipped)
+        return ClippedSum(total, records, nonfinite, clipped)
 
     def share(self, update: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.ctx.active:

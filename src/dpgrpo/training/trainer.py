@@ -240,10 +240,8 @@ def run_round(live: OpenRun, t: int) -> RoundOutcome:
     laps.mark("mechanism")
     update_norm = None
     if update.finite:                                                 # line 9
-        # per_prompt_grads gives name -> tensor, so the update is a dict too
-        update_norm = apply_update(run.model, run.optimizer, cast(dict[str, torch.Tensor],
-                                                            update.update),
-                             max_norm=run.config.train.max_update_norm)
+        update_norm = apply_update(run.model, run.optimizer, update.update,
+                                   max_norm=run.config.train.max_update_norm)
     skipped = update_norm is None                                     # invariant 3
     run.steps_skipped += int(skipped)                                 # still charged
     laps.mark("step")

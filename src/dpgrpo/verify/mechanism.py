@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TypedDict, cast
+from typing import TypedDict
 
 import numpy as np
 import torch
 
 from dpgrpo.privacy.accounting import RoundEvent, pld_epsilon
-from dpgrpo.privacy.mechanism import Grads, clip_and_sum, privatize
+from dpgrpo.privacy.mechanism import clip_and_sum, privatize
 from dpgrpo.privacy.noise import TAIL_FRACTION_OF_DELTA, NoiseSource, noise_tail_delta
 from dpgrpo.privacy.sampling import PoissonSampler
 from dpgrpo.verify.registry import check
@@ -23,11 +23,6 @@ def _records(b: int, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
     return {k: scale * torch.randn((b, *s), generator=g, dtype=torch.float64) for k, s in shapes.items()}
 
 
-def _named(out: torch.Tensor | Grads) -> Grads:
-    """The mechanism's result for name -> tensor records (which it returns as a dict)."""
-    return cast(Grads, out)
-
-
 def _norm(d: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(v.pow(2).sum()) for v in d.values()))
 
@@ -36,11 +31,11 @@ def _norm(d: dict[str, torch.Tensor]) -> float:
        detail="max ||f(D')-f(D)||/C - 1 over 20 random and 1 adversarial (1e12) additions, C=0.7, fp64")
 def _sensitivity() -> float:
     clip, base = 0.7, _records(5, 0)
-    f_d = _named(clip_and_sum(base, clip))
+    f_d = clip_and_sum(base, clip)
     worst = 0.0
     for i in range(21):
         extra = _records(1, 100 + i, 1e12 if i == 20 else 10.0 ** (i % 5 - 2))
-        f_d2 = _named(clip_and_sum({k: torch.cat([base[k], extra[k]]) for k in base}, clip))
+        f_d2 = clip_and_sum({k: torch.cat([base[k], extra[k]]) for k in base}, clip)
         worst = max(worst, _norm({k: f_d2[k] - f_d[k] for k in f_d}) / clip)
     return worst - 1.0
 
@@ -51,7 +46,7 @@ def _plain_sum() -> float:
     recs = _records(7, 1)
     out = privatize(recs, clip_norm=math.inf, noise_multiplier=0.0, expected_batch=1.0,
                     noise=NoiseSource(seed=0))
-    return max(float((_named(out.update)[k] - recs[k].sum(0)).abs().max()) for k in recs)
+    return max(float((out.update[k] - recs[k].sum(0)).abs().max()) for k in recs)
 
 
 @check("noise_std_matches_sigma_c", tolerance=1e-6, comparison=">",
@@ -61,8 +56,8 @@ def _noise_std() -> float:
 
     sigma, clip, n = 0.8, 0.05, 200_000
     empty = {"w": torch.zeros((0, n), dtype=torch.float64)}
-    z = _named(privatize(empty, clip_norm=clip, noise_multiplier=sigma, expected_batch=1.0,
-                         noise=NoiseSource()).update)["w"]
+    z = privatize(empty, clip_norm=clip, noise_multiplier=sigma, expected_batch=1.0,
+                  noise=NoiseSource()).update["w"]
     stat = float(z.pow(2).sum()) / (sigma * clip) ** 2
     return 2 * min(stats.chi2.cdf(stat, n), stats.chi2.sf(stat, n))
 
@@ -75,7 +70,7 @@ def _empty_batch() -> float:
     replay = NoiseSource(seed=9)
     replay.start_round()
     expected = replay.normal((3, 5), 0.2, torch.float64) / 4.0
-    return float((_named(out.update)["w"] - expected).abs().max())
+    return float((out.update["w"] - expected).abs().max())
 
 
 @check("public_denominator", tolerance=0.0,
@@ -83,7 +78,7 @@ def _empty_batch() -> float:
 def _denominator() -> float:
     recs = _records(3, 2, 1e-3)
     out = privatize(recs, clip_norm=10.0, noise_multiplier=0.0, expected_batch=12.5, noise=NoiseSource(seed=0))
-    update = _named(out.update)
+    update = out.update
     return max(float((update[k] - recs[k].sum(0) / 12.5).abs().max()) for k in recs)
 
 
@@ -92,7 +87,7 @@ def _denominator() -> float:
 def _nonfinite() -> float:
     recs = _records(2, 3)
     recs["layer1.bias"][1, 0] = float("nan")
-    out = _named(clip_and_sum(recs, 1e9))
+    out = clip_and_sum(recs, 1e9)
     return max(float((out[k] - recs[k][0]).abs().max()) for k in recs)
 
 
@@ -103,8 +98,8 @@ def noise_round_independence(rounds: int = 8, coordinates: int = 1 << 15) -> dic
     from dpgrpo.audit.independence import round_independence
 
     source, empty = NoiseSource(), {"w": torch.zeros((0, coordinates), dtype=torch.float64)}
-    noise = np.stack([_named(privatize(empty, clip_norm=1.0, noise_multiplier=1.0,
-                                       expected_batch=1.0, noise=source).update)["w"].numpy()
+    noise = np.stack([privatize(empty, clip_norm=1.0, noise_multiplier=1.0,
+                                expected_batch=1.0, noise=source).update["w"].numpy()
                       for _ in range(rounds)])
     return round_independence(noise, np.zeros(coordinates, dtype=bool)).to_dict()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import cast
 
 import torch
 
@@ -18,7 +17,7 @@ from dpgrpo.objectives.grpo import (
     group_advantages,
     reference_logprobs,
 )
-from dpgrpo.privacy.mechanism import Grads, privatize
+from dpgrpo.privacy.mechanism import privatize
 from dpgrpo.privacy.noise import NoiseSource
 from dpgrpo.training.grads import flat_mean_gradient, per_prompt_grads
 from dpgrpo.verify.fixtures import synthetic_rollouts, tiny_fp64_policy
@@ -94,7 +93,7 @@ def _nonprivate() -> float:
     grads = per_prompt_grads(model, GRPOObjective(), batch)
     out = privatize(grads, clip_norm=math.inf, noise_multiplier=0.0,
                     expected_batch=float(batch.num_prompts), noise=NoiseSource(seed=0))
-    update = cast(Grads, out.update)                 # name -> tensor in, name -> tensor out
+    update = out.update                              # name -> tensor in, name -> tensor out
     flat = flat_mean_gradient(model, GRPOObjective(), batch)
     return max(float((update[k] - flat[k]).abs().max()) for k in flat)
 
