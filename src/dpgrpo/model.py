@@ -175,7 +175,7 @@ def _is_peft(model: object) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
-def _require_gguf(source: "ModelSource") -> None:
+def _require_gguf(source: ModelSource) -> None:
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:

@@ -230,7 +230,7 @@ def load_init_adapter(model: torch.nn.Module, path: str | Path, *, keep: str = "
                           f"{ADAPTER_WEIGHTS}, e.g. a run's release/)")
     try:
         state = load_file(str(weights))
-    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+    except Exception as err:  # safetensors raises its own error types
         raise ConfigError(f"model.init_adapter: {weights} is not a readable safetensors "
                           f"file ({type(err).__name__})") from None
     before = {n: p.detach().clone() for n, p in adapter_parameters(model).items()}

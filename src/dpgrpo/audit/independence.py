@@ -95,5 +95,11 @@ def describe(ind: dict) -> str:
     return "rounds' noises correlated: " + ", ".join(parts)
 
 
-__all__ = ["INDEPENDENCE_ALPHA", "Independence", "STATISTICS", "describe", "fisher_z",
-           "round_independence"]
+__all__ = [
+    "INDEPENDENCE_ALPHA",
+    "STATISTICS",
+    "Independence",
+    "describe",
+    "fisher_z",
+    "round_independence",
+]

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
 
 import numpy as np
 import torch
@@ -249,4 +249,4 @@ def simulate(setup: AuditSetup, mechanism: str = "correct", *,
     return Observation(included, rounds, final, time.perf_counter() - start)
 
 
-__all__ = ["AuditSetup", "BROKEN", "MECHANISMS", "Observation", "simulate"]
+__all__ = ["BROKEN", "MECHANISMS", "AuditSetup", "Observation", "simulate"]

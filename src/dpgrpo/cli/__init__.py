@@ -58,7 +58,7 @@ def _flags_take_no_value() -> None:
     if shown is None or getattr(shown, "dpgrpo_flags", False):
         return
 
-    def display_type_rich(self, ctx):  # noqa: ANN001, ANN202 - typer's signature
+    def display_type_rich(self, ctx):  # typer's signature
         return None if getattr(self, "is_flag", False) else shown(self, ctx)
 
     display_type_rich.dpgrpo_flags = True  # type: ignore[attr-defined]

@@ -27,8 +27,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any, Callable, TextIO
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 import typer
 

@@ -262,7 +262,7 @@ def _dimension_note(setup: Any, run_d: int | None) -> str | None:
             "trainable_coordinates).")
 
 
-def _report(audit, out: Path | None, as_json: bool,  # noqa: ANN001
+def _report(audit, out: Path | None, as_json: bool,
             note: str | None = None) -> None:
     """Print (and write) the audit, then fail with MechanismAuditError if it flagged."""
     import json

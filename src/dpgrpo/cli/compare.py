@@ -7,27 +7,26 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 from dpgrpo.evaluation import defaults as stats  # constants only: scipy loads on use
 
 
-def _split_labels(values: Optional[List[str]]) -> list[str] | None:
+def _split_labels(values: list[str] | None) -> list[str] | None:
     if not values:
         return None
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
 def compare(
-    inputs: List[Path] = typer.Argument(
+    inputs: list[Path] = typer.Argument(
         ..., help="predictions.jsonl files, eval output dirs, or run dirs with eval/."),
     base: Path = typer.Option(..., "--base", help="The public base's predictions (file or dir)."),
     out: Path = typer.Option(..., "--out", "-o",
                              help="Output directory for report.md, report.json and figures."),
     as_json: bool = typer.Option(False, "--json", help="Print report.json's object on stdout."),
-    labels: Optional[List[str]] = typer.Option(
+    labels: list[str] | None = typer.Option(
         None, "--labels",
         help="ARM or ARM:SEED per input (comma-separated or repeated), used where an input "
              "has no summary.json arm/seed."),

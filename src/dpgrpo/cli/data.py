@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, cast
+from typing import cast
 
 import typer
 
@@ -14,7 +14,7 @@ data_app = typer.Typer(help="Benchmark data: split sizes and validation.", no_ar
 @data_app.command("summary")
 def summary_cmd(
     task: str = typer.Option(..., "--task", help="arithmetic, gsm8k, math, csqa or svamp."),
-    data_dir: Optional[Path] = typer.Option(
+    data_dir: Path | None = typer.Option(
         None, "--data-dir", help="Folder holding the benchmark files (e.g. ../shared/data)."),
     skip_invalid: bool = typer.Option(
         False, "--skip-invalid", help="Skip invalid records and list them (default: fail)."),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,38 +13,38 @@ SOURCE_HELP = "local (files in --data-dir) or hub (Hugging Face datasets; needs 
 
 
 def eval_cmd(
-    task: Optional[str] = typer.Option(None, "--task", help=TASK_HELP),
-    model: Optional[str] = typer.Option(
+    task: str | None = typer.Option(None, "--task", help=TASK_HELP),
+    model: str | None = typer.Option(
         None, "--model", help="Alias (smollm2-135m), model folder, .gguf or hub id."),
     out: Path = typer.Option(..., "--out", "-o",
                              help="Folder for predictions.jsonl and summary.json."),
-    run: Optional[Path] = typer.Option(
+    run: Path | None = typer.Option(
         None, "--run", help="A training run: model, task, adapter, arm, data, dtype and device "
                             "from its release/ (options given here win)."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_HELP),
-    source: Optional[str] = typer.Option(None, "--source", help=SOURCE_HELP),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help=DATA_HELP),
+    source: str | None = typer.Option(None, "--source", help=SOURCE_HELP),
     split: str = typer.Option("eval", "--split", help="Split to evaluate."),
-    adapter: Optional[Path] = typer.Option(
+    adapter: Path | None = typer.Option(
         None, "--adapter", help="Released adapter folder (default: the base model)."),
-    limit: Optional[int] = typer.Option(
+    limit: int | None = typer.Option(
         None, "--limit", help="Only the first N problems (quick CPU runs)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Prompts per generate call."),
-    max_new_tokens: Optional[int] = typer.Option(
+    max_new_tokens: int | None = typer.Option(
         None, "--max-new-tokens", help="Completion cap (default: the task's)."),
-    dtype: Optional[str] = typer.Option(
+    dtype: str | None = typer.Option(
         None, "--dtype", help="float32, bfloat16, float16 (default: the run's, else float32)."),
-    device: Optional[str] = typer.Option(
+    device: str | None = typer.Option(
         None, "--device", help="auto, cpu, cuda, ... (default: the run's, else auto: a GPU "
                                "when there is one)."),
-    arm: Optional[str] = typer.Option(
+    arm: str | None = typer.Option(
         None, "--arm", help="Label recorded in the summary (e.g. dp-grpo)."),
-    seed: Optional[int] = typer.Option(
+    seed: int | None = typer.Option(
         None, "--seed", help="Training seed recorded in the summary."),
     skip_invalid: bool = typer.Option(
         False, "--skip-invalid", help="Skip invalid records (listed)."),
     check_timeout: float = typer.Option(
         10.0, "--check-timeout", help="Seconds per symbolic check."),
-    engine: Optional[str] = typer.Option(
+    engine: str | None = typer.Option(
         None, "--engine", help="Rollout engine: transformers or vllm (CUDA; needs "
                                "'dpgrpo\\[vllm]'); default: the run's, else transformers."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -91,13 +90,13 @@ def eval_cmd(
 def rescore_cmd(
     predictions: Path = typer.Argument(..., help="A predictions.jsonl written by `dpgrpo eval`."),
     scorer: str = typer.Option(..., "--scorer", help="strict, robust (MATH) or final (CSQA)."),
-    task: Optional[str] = typer.Option(
+    task: str | None = typer.Option(
         None, "--task", help="Default: from the summary.json beside it."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help=DATA_HELP),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help=DATA_HELP),
     split: str = typer.Option("eval", "--split", help="Split the predictions came from."),
     source: str = typer.Option("local", "--source", help=SOURCE_HELP),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip invalid records."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o",
+    out: Path | None = typer.Option(None, "--out", "-o",
                                        help="Write the rescored predictions here."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -131,11 +130,11 @@ def score_cmd(
     task: str = typer.Option(..., "--task", help=TASK_HELP),
     gold: str = typer.Option(
         ..., "--gold", help="Reference answer (MATH: boxed content; CSQA: letter)."),
-    response: Optional[str] = typer.Option(
+    response: str | None = typer.Option(
         None, "--response", help="The response text ('-': stdin)."),
-    response_file: Optional[Path] = typer.Option(
+    response_file: Path | None = typer.Option(
         None, "--response-file", help="Read the response from a file."),
-    choice: Optional[list[str]] = typer.Option(
+    choice: list[str] | None = typer.Option(
         None, "--choice", help="CSQA option as LABEL=TEXT (repeatable)."),
     hit_cap: bool = typer.Option(False, "--hit-cap", help="The response was cut at the token cap."),
     check_timeout: float = typer.Option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -37,7 +37,7 @@ def _emit(data: dict, as_json: bool, title: str) -> None:
     Console().print(table)
 
 
-def _load_ledgers(paths: list[Path]) -> "PrivacyLedger":
+def _load_ledgers(paths: list[Path]) -> PrivacyLedger:
     from dpgrpo.privacy.accounting import PrivacyLedger
 
     ledgers = []
@@ -56,7 +56,7 @@ def calibrate_cmd(
     expected_batch: float = typer.Option(..., "--expected-batch", help="Expected prompts per round m (q = m/n)."),
     rounds: int = typer.Option(..., "--rounds", help="Number of rounds T."),
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="Target delta (default 1/(10 n))."),
+    delta: float | None = typer.Option(None, "--delta", help="Target delta (default 1/(10 n))."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """The smallest noise multiplier sigma whose PLD epsilon meets the target."""
@@ -77,7 +77,7 @@ def plan_cmd(
     budget: int = typer.Option(..., "--budget", help="Compute budget in completions (m x G x T)."),
     params: int = typer.Option(..., "--params", help="Trainable coordinates p of the adapter "
                                "(a run's certificate states it as trainable_coordinates)."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="delta (default 1/(10 n))."),
+    delta: float | None = typer.Option(None, "--delta", help="delta (default 1/(10 n))."),
     batches: str = typer.Option(",".join(map(str, (4, 8, 12, 16, 24, 32, 64, 128))), "--m",
                                 help="Candidate expected batches m, comma-separated."),
     groups: str = typer.Option("4,6,8", "--G", help="Candidate group sizes G, comma-separated."),
@@ -132,18 +132,18 @@ RECOMMENDED_RULE = ("the most signal-sized steps T min(1, 1/r): with AdamW a ste
                     "mixed rewards.")
 
 
-def _signal_steps(row: "PlanRow") -> float:
+def _signal_steps(row: PlanRow) -> float:
     return row.T * min(1.0, 1.0 / row.noise_to_signal) if row.noise_to_signal > 0 else row.T
 
 
-def _recommended(rows: "list[PlanRow]") -> int:
+def _recommended(rows: list[PlanRow]) -> int:
     """Index of the row with the most signal-sized steps (ties: larger G, then lower r)."""
     return max(range(len(rows)), key=lambda i: (round(_signal_steps(rows[i]), 9), rows[i].G,
                                                 -rows[i].noise_to_signal))
 
 
 def _plan_with_progress(n: int, epsilon: float, budget: int, params: int,
-                        delta: float | None, ms: list[float], gs: list[int]) -> "list[PlanRow]":
+                        delta: float | None, ms: list[float], gs: list[int]) -> list[PlanRow]:
     """:func:`dpgrpo.privacy.planning.plan`, one candidate m at a time with a line on stderr
     for each (each calibrates sigma per T: seconds to minutes); rows sorted as plan sorts them."""
     import time
@@ -171,7 +171,7 @@ def epsilon_cmd(
     expected_batch: float = typer.Option(..., "--expected-batch", help="Expected prompts per round m."),
     rounds: int = typer.Option(..., "--rounds", help="Number of rounds T."),
     sigma: float = typer.Option(..., "--sigma", help="Noise multiplier sigma (> 0)."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="delta (default 1/(10 n))."),
+    delta: float | None = typer.Option(None, "--delta", help="delta (default 1/(10 n))."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Epsilon of T Poisson-subsampled Gaussian rounds (PLD, with RDP beside it)."""
@@ -200,14 +200,14 @@ def ledger_cmd(
 def convert_cmd(
     ledgers: list[Path] = typer.Option([], "--ledger", help="ledger.json or certificate.json of a "
                                        "run (repeatable: runs on the same data compose)."),
-    n: Optional[int] = typer.Option(None, "--n", help="Number of public slots n (with "
+    n: int | None = typer.Option(None, "--n", help="Number of public slots n (with "
                                                       "--expected-batch, --rounds, --sigma)."),
-    expected_batch: Optional[float] = typer.Option(None, "--expected-batch", help="Expected prompts per round m."),
-    rounds: Optional[int] = typer.Option(None, "--rounds", help="Number of rounds T."),
-    sigma: Optional[float] = typer.Option(None, "--sigma", help="Noise multiplier sigma (> 0)."),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Only an add-or-remove-one "
+    expected_batch: float | None = typer.Option(None, "--expected-batch", help="Expected prompts per round m."),
+    rounds: int | None = typer.Option(None, "--rounds", help="Number of rounds T."),
+    sigma: float | None = typer.Option(None, "--sigma", help="Noise multiplier sigma (> 0)."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Only an add-or-remove-one "
                                             "(epsilon, delta) is known: generic conversion."),
-    delta: Optional[float] = typer.Option(None, "--delta", help="delta (default 1/(10 n) with "
+    delta: float | None = typer.Option(None, "--delta", help="delta (default 1/(10 n) with "
                                                                 "--n; required otherwise)."),
     group: int = typer.Option(1, "--group", help="Prompts of one person, added/removed or "
                                                  "swapped together (k)."),
@@ -250,7 +250,7 @@ def convert_cmd(
         typer.echo(_convert_sentence(figure, from_epsilon=epsilon is not None))
 
 
-def _convert_sentence(figure: "NeighbourFigure", *, from_epsilon: bool) -> str:
+def _convert_sentence(figure: NeighbourFigure, *, from_epsilon: bool) -> str:
     """What the figure means, in a sentence; above all when it is vacuous."""
     who = ("one prompt swapped" if figure.relation == "replace-one" and figure.group == 1 else
            f"a group of {figure.group} prompts" + (" swapped" if figure.relation == "replace-one"
@@ -290,7 +290,7 @@ def report_cmd(
         typer.echo(f"wrote {path}", err=True)
 
 
-def _budget_rows_with_progress(configs: list[Path], overrides: list[str]) -> "list[BudgetRow]":
+def _budget_rows_with_progress(configs: list[Path], overrides: list[str]) -> list[BudgetRow]:
     """:func:`dpgrpo.reports.budget.budget_rows`, with a line on stderr before and after each
     config (calibrating sigma takes seconds to minutes each); public figures only."""
     import time

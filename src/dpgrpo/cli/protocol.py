@@ -8,38 +8,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 
 def protocol_cmd(
-    config: Optional[Path] = typer.Argument(
+    config: Path | None = typer.Argument(
         None, help="Benchmark TOML (as `dpgrpo train` takes it, plus an optional \\[protocol] "
                    "table); default: the embedded CPU demo."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds per private arm (default 2)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o",
+    seeds: int | None = typer.Option(None, "--seeds", help="Seeds per private arm (default 2)."),
+    out: Path | None = typer.Option(None, "--out", "-o",
                                        help="Output folder (default runs/protocol-<task>)."),
-    arms: Optional[List[str]] = typer.Option(
+    arms: list[str] | None = typer.Option(
         None, "--arms", help="Trained arms, comma-separated or repeated (default: dp-grpo, "
                              "zero-advantage, filtered-sft, gold-sft)."),
-    ladder: Optional[bool] = typer.Option(None, "--ladder/--no-ladder",
+    ladder: bool | None = typer.Option(None, "--ladder/--no-ladder",
                                           help="Add shuffled-reward and positive-only."),
-    non_private: Optional[bool] = typer.Option(None, "--non-private/--no-non-private",
+    non_private: bool | None = typer.Option(None, "--non-private/--no-non-private",
                                                help="Add non-private GRPO (one run unless "
                                                     "--non-private-seeds)."),
-    non_private_seeds: Optional[int] = typer.Option(
+    non_private_seeds: int | None = typer.Option(
         None, "--non-private-seeds", min=1, help="Runs of the non-private arm (default 1)."),
-    eval_limit: Optional[int] = typer.Option(None, "--eval-limit",
+    eval_limit: int | None = typer.Option(None, "--eval-limit",
                                              help="Evaluate the first N problems only."),
-    eval_batch_size: Optional[int] = typer.Option(None, "--eval-batch-size",
+    eval_batch_size: int | None = typer.Option(None, "--eval-batch-size",
                                                   help="Prompts per generate call in eval."),
-    draws: Optional[int] = typer.Option(None, "--draws", help="Bootstrap draws of compare."),
-    sign_draws: Optional[int] = typer.Option(None, "--sign-draws",
+    draws: int | None = typer.Option(None, "--draws", help="Bootstrap draws of compare."),
+    sign_draws: int | None = typer.Option(None, "--sign-draws",
                                              help="Sign-randomization draws of compare."),
-    figures: Optional[bool] = typer.Option(None, "--figures/--no-figures",
+    figures: bool | None = typer.Option(None, "--figures/--no-figures",
                                            help="Write PNG figures (needs matplotlib)."),
-    overrides: List[str] = typer.Option([], "--set",
+    overrides: list[str] = typer.Option([], "--set",
                                         help="Override: section.key=value (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:

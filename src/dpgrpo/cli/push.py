@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,7 +13,7 @@ def push_cmd(
                                          "release directory."),
     repo_id: str = typer.Option(..., "--repo-id", help="Hub model repository, e.g. user/name."),
     private: bool = typer.Option(False, "--private", help="Create the repository private."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Branch to commit to."),
+    revision: str | None = typer.Option(None, "--revision", help="Branch to commit to."),
     force: bool = typer.Option(False, "--force", help="Publish even if the certificate says "
                                                       "NOT releasable (seeded or non-private)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -31,7 +30,7 @@ def push_cmd(
         url = push_release(run, repo_id, private=private, force=force, revision=revision)
     except DPGRPOError:
         raise                              # one line from dpgrpo.cli.main
-    except Exception as err:  # noqa: BLE001 - only the hub's and the network's, re-raised else
+    except Exception as err:  # only the hub's and the network's, re-raised else
         message = hub_error_message(err, repo_id)
         if message is None:
             raise

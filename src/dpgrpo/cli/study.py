@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -17,14 +16,14 @@ def study_cmd(
                                  help="Where cpu-study.md, cpu-study.json and figures go."),
     sweep: bool = typer.Option(False, "--sweep/--no-sweep",
                                help="Also train DP-GRPO at the epsilons of study.sweep."),
-    dp_leaky: Optional[bool] = typer.Option(None, "--dp-leaky/--no-dp-leaky",
+    dp_leaky: bool | None = typer.Option(None, "--dp-leaky/--no-dp-leaky",
                                             help="Also audit the leaky recipe made private "
                                                  "(default: study.dp_leaky)."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", min=1,
+    seeds: int | None = typer.Option(None, "--seeds", min=1,
                                         help="Runs of each trained arm, private and "
                                              "non-private (default: protocol.seeds and "
                                              "protocol.non_private_seeds)."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+    workers: int | None = typer.Option(None, "--workers", min=1,
                                           help="Processes running independent tasks at once "
                                                "(default: study.workers)."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),

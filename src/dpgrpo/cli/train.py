@@ -6,27 +6,27 @@ import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 import typer
 
 
 def train_cmd(
-    config: Optional[Path] = typer.Argument(None, help="TOML config (default: the embedded CPU demo)."),
+    config: Path | None = typer.Argument(None, help="TOML config (default: the embedded CPU demo)."),
     overrides: list[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o",
+    out: Path | None = typer.Option(None, "--out", "-o",
                                        help="Run directory (default runs/<arm>-<time>)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the run in RUN_DIR."),
-    arm: Optional[str] = typer.Option(None, "--arm", help="Shortcut for --set train.arm=..."),
-    rounds: Optional[int] = typer.Option(None, "--rounds", help="Shortcut for --set train.rounds=..."),
-    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Shortcut for privacy.epsilon."),
-    model: Optional[str] = typer.Option(None, "--model", help="Shortcut for model.name."),
-    task: Optional[str] = typer.Option(
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the run in RUN_DIR."),
+    arm: str | None = typer.Option(None, "--arm", help="Shortcut for --set train.arm=..."),
+    rounds: int | None = typer.Option(None, "--rounds", help="Shortcut for --set train.rounds=..."),
+    epsilon: float | None = typer.Option(None, "--epsilon", help="Shortcut for privacy.epsilon."),
+    model: str | None = typer.Option(None, "--model", help="Shortcut for model.name."),
+    task: str | None = typer.Option(
         None, "--task", help="Shortcut for data.task: a task name, package.module:attr (a "
                              "task or a factory), or an entry point of group dpgrpo.tasks."),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="Shortcut for data.data_dir."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Debug seed: the run is NOT releasable."),
-    metrics: Optional[str] = typer.Option(
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Shortcut for data.data_dir."),
+    seed: int | None = typer.Option(None, "--seed", help="Debug seed: the run is NOT releasable."),
+    metrics: str | None = typer.Option(
         None, "--metrics", help="Shortcut for train.metrics: jsonl, tensorboard, wandb "
                                 "(comma-separated); public values only."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress (bar or lines)."),

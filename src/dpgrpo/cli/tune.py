@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,16 +11,16 @@ def tune_cmd(
     config: Path = typer.Argument(..., help="The private run's TOML config (an optional "
                                             "\\[tune] table: proxy, proxy_data_dir, workers, "
                                             "seeds, eval_limit and \\[tune.grid])."),
-    proxy: Optional[str] = typer.Option(None, "--proxy", help="Public proxy task (e.g. "
+    proxy: str | None = typer.Option(None, "--proxy", help="Public proxy task (e.g. "
                                         "arithmetic-2); default: tune.proxy."),
-    proxy_data_dir: Optional[str] = typer.Option(None, "--proxy-data-dir",
+    proxy_data_dir: str | None = typer.Option(None, "--proxy-data-dir",
                                                  help="Data folder of the proxy task."),
     out: Path = typer.Option(Path("runs/tune"), "--out", "-o", help="Work folder; resumable."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+    workers: int | None = typer.Option(None, "--workers", min=1,
                                           help="Processes training points at once."),
-    eval_limit: Optional[int] = typer.Option(None, "--eval-limit", min=1,
+    eval_limit: int | None = typer.Option(None, "--eval-limit", min=1,
                                              help="Score on the first N proxy eval problems."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", min=1,
+    seeds: int | None = typer.Option(None, "--seeds", min=1,
                                         help="Runs per point, scored by their mean accuracy "
                                              "(default: tune.seeds, else 1)."),
     overrides: list[str] = typer.Option([], "--set", help="section.key=value (repeatable)."),

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 
 def verify_cmd(
     group: str = typer.Option("all", "--group", help="mechanism, model or all."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o",
+    out: Path | None = typer.Option(None, "--out", "-o",
                                        help="Write the machine-readable record to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the record as one JSON object."),
 ) -> None:

@@ -75,7 +75,7 @@ class ProtocolSettings:
             if value is not None and value < 1:
                 raise ConfigError(f"protocol.{name} must be >= 1, got {value}")
         bad = [(arm, key) for arm, recipe in self.recipes.items() for key in recipe
-               if not (key.startswith("train.") and key not in _RECIPE_FIXED
+               if not ((key.startswith("train.") and key not in _RECIPE_FIXED)
                        or key == "privacy.clip_norm")]
         if bad:
             raise ConfigError(f"protocol recipe for {bad[0][0]!r} sets {bad[0][1]!r}: arms must "

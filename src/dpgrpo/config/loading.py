@@ -15,10 +15,10 @@ import dataclasses
 import functools
 import tomllib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dpgrpo.config.experiments import (
     DEFAULT_RECIPES,

@@ -11,8 +11,9 @@ from the field comments here (:mod:`dpgrpo.config.reference`).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
 from dpgrpo.config.json_types import JSON

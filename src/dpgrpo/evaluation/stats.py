@@ -28,15 +28,16 @@ bootstrap draws and 1,000,000 sign flips over thousands of problems to about a s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
-from typing import Any, Sequence, cast
+from typing import Any, cast
 
 import numpy as np
 from scipy import stats as _sps
 
 from dpgrpo.config.json_types import JSON
-from dpgrpo.evaluation.defaults import (  # noqa: E402
+from dpgrpo.evaluation.defaults import (
     DEFAULT_BOOTSTRAP_DRAWS,
     DEFAULT_SEED,
     DEFAULT_SIGN_DRAWS,

@@ -43,9 +43,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, cast
 
 from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec

@@ -61,9 +61,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.config.arms import FOCAL_ARM
@@ -107,7 +108,7 @@ class _Study:
 
     @classmethod
     def load(cls, config_path: str | Path, out_dir: str | Path,
-             overrides: Mapping[str, object] | None = None) -> "_Study":
+             overrides: Mapping[str, object] | None = None) -> _Study:
         """The study of ``config_path``, with ``overrides`` of its ``[study]`` settings (and
         ``seeds``: that many runs of every trained arm, private and non-private)."""
         from dpgrpo.experiments.protocol import plan_protocol

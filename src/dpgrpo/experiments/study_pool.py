@@ -10,7 +10,8 @@ task stops the pool once the running ones finish (every task is resumable).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from dpgrpo.errors import ConfigError
 

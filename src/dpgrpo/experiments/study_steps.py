@@ -12,9 +12,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from statistics import NormalDist
-from typing import Any, Mapping
+from typing import Any
 
 from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
 from dpgrpo.config.experiments import BASE_ARM, NON_PRIVATE_ARM

@@ -31,9 +31,10 @@ A rerun into OUT skips complete points and resumes interrupted ones (:func:`prot
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from dpgrpo.config import RunConfig, apply_overrides, to_toml
 from dpgrpo.config.arms import FOCAL_ARM

@@ -25,8 +25,9 @@ the gradient pass then cost about what the completions need; ``bench/prompt_shar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import torch
 

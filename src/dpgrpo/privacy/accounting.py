@@ -36,9 +36,9 @@ import json
 import logging
 import math
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import dp_accounting as dpa
 import numpy as np
@@ -229,7 +229,7 @@ class PrivacyLedger:
                 "events": [asdict(e) for e in self.events]}
 
     @classmethod
-    def from_dict(cls, data: JSON) -> "PrivacyLedger":
+    def from_dict(cls, data: JSON) -> PrivacyLedger:
         relation = data.get("neighbouring_relation", NEIGHBOURING_RELATION)
         if relation != NEIGHBOURING_RELATION:
             raise PrivacyBudgetError(f"unsupported neighbouring relation {relation!r}")
@@ -239,15 +239,15 @@ class PrivacyLedger:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "PrivacyLedger":
+    def from_json(cls, text: str) -> PrivacyLedger:
         return cls.from_dict(json.loads(text))
 
     @classmethod
-    def load(cls, path: str | Path) -> "PrivacyLedger":
+    def load(cls, path: str | Path) -> PrivacyLedger:
         return cls.from_json(Path(path).read_text())
 
     @classmethod
-    def compose(cls, ledgers: Iterable["PrivacyLedger"]) -> "PrivacyLedger":
+    def compose(cls, ledgers: Iterable[PrivacyLedger]) -> PrivacyLedger:
         """One ledger for several runs released on the same data (Appendix A-E, last remark)."""
         out = cls()
         for ledger in ledgers:

@@ -188,6 +188,16 @@ def sum_within_records(grads: dict[str, torch.Tensor],
     return out
 
 
-__all__ = ["CONTRIBUTOR", "Contributor", "PROMPT", "ProblemChooser", "RoundPrompts", "UNITS",
-           "as_contributors", "contributor_slot_count", "round_prompts",
-           "sum_within_records", "unit_description"]
+__all__ = [
+    "CONTRIBUTOR",
+    "PROMPT",
+    "UNITS",
+    "Contributor",
+    "ProblemChooser",
+    "RoundPrompts",
+    "as_contributors",
+    "contributor_slot_count",
+    "round_prompts",
+    "sum_within_records",
+    "unit_description",
+]

@@ -22,8 +22,8 @@ group figures then count contributors, and the certificate's ``unit`` says which
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Sequence
 
 from dpgrpo.errors import PrivacyBudgetError
 from dpgrpo.privacy.accounting import (
@@ -54,7 +54,7 @@ class NeighbourFigure:
     delta_pld: float | None = None   # what the accountant was asked for (None: delta itself)
     noise_tail_delta: float = 0.0    # the generator's tail term included in delta
 
-    def with_tail(self, tail: float) -> "NeighbourFigure":
+    def with_tail(self, tail: float) -> NeighbourFigure:
         """This figure with the noise-tail term ``tail`` added to its delta."""
         if not tail >= 0.0:
             raise PrivacyBudgetError(f"the noise-tail term must be >= 0, got {tail}")
@@ -118,5 +118,12 @@ def neighbour_figures(events: Sequence[RoundEvent], delta: float,
             "group_privacy": [f.to_dict() for f in figures[1:]]}
 
 
-__all__ = ["METHOD_ACCOUNTANT", "METHOD_GENERIC", "NeighbourFigure", "RELATIONS",
-           "converted_figure", "neighbour_figure", "neighbour_figures"]
+__all__ = [
+    "METHOD_ACCOUNTANT",
+    "METHOD_GENERIC",
+    "RELATIONS",
+    "NeighbourFigure",
+    "converted_figure",
+    "neighbour_figure",
+    "neighbour_figures",
+]

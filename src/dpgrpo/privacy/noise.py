@@ -42,7 +42,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch

@@ -14,8 +14,8 @@ still gives G completions enough for mixed groups.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from dpgrpo.errors import ConfigError
 

@@ -14,8 +14,9 @@ configuration, never from how many records turned out to be valid.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

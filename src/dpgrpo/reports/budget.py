@@ -20,9 +20,10 @@ clipping norm, learning rate, group size and verifier do not enter it (Corollary
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from dpgrpo.config import RunConfig
 from dpgrpo.config.json_types import JSON

@@ -14,8 +14,8 @@ arm; two trained arms pair their seeds in seed order, the first ``min(k_A, k_B)`
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation import stats

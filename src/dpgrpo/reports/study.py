@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dpgrpo.config.json_types import JSONValue
 from dpgrpo.release.files import certified_rounds

@@ -6,7 +6,7 @@ and an MDE beside every interval that contains zero (paper Section VII-E).
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from dpgrpo.errors import DataError
 from dpgrpo.reports.comparison import Comparison, ContrastRow

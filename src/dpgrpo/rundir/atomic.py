@@ -16,9 +16,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from dpgrpo.errors import DiskFullError, ReadOnlyError
 

@@ -157,7 +157,7 @@ def load_checkpoint(recovery_dir: Path) -> Checkpoint | None:
     for path in reversed(checkpoint_dirs(recovery_dir)):
         try:
             return Checkpoint(path, _load_state(path), damaged)
-        except Exception as err:  # noqa: BLE001 - truncated zip, unpickling, missing file, ...
+        except Exception as err:  # truncated zip, unpickling, missing file, ...
             damaged.append(f"{path / 'state.pt'} ({type(err).__name__}: {_short(err)})")
     if damaged:
         raise RecoveryError(
@@ -202,5 +202,13 @@ def restore_adapter(model: object, adapter: dict[str, torch.Tensor]) -> None:
             params[name].copy_(value.to(params[name].device, params[name].dtype))
 
 
-__all__ = ["Checkpoint", "KEEP_CHECKPOINTS", "checkpoint_dirs", "load_checkpoint",
-           "load_recovery", "remove_temporaries", "restore_adapter", "save_recovery"]
+__all__ = [
+    "KEEP_CHECKPOINTS",
+    "Checkpoint",
+    "checkpoint_dirs",
+    "load_checkpoint",
+    "load_recovery",
+    "remove_temporaries",
+    "restore_adapter",
+    "save_recovery",
+]

@@ -31,7 +31,7 @@ class RunLock:
         self._fd: int | None = None
         self._created = False
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Take the lock or raise :class:`RunLockedError` naming the holder's pid."""
         self._created = not self.directory.exists()
         with disk_full_guard(self.path):
@@ -98,7 +98,7 @@ class RunLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,

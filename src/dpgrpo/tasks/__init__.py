@@ -47,9 +47,27 @@ from dpgrpo.tasks.base import (
 from dpgrpo.tasks.custom import RewardFn, RewardTask, make_task
 
 __all__ = [
-    "DEFAULT_CHECK_TIMEOUT_S", "SCORERS", "LoadedSplit", "Problem", "RewardFn", "RewardTask",
-    "Scorer", "Task", "Verdict", "VerifiedTask", "generate_problems", "make_task", "get_scorer", "get_task", "load_problems", "load_split",
-    "make_arithmetic_task", "register_scorer", "register_task", "split_summary", "task_names",
+    "DEFAULT_CHECK_TIMEOUT_S",
+    "SCORERS",
+    "LoadedSplit",
+    "Problem",
+    "RewardFn",
+    "RewardTask",
+    "Scorer",
+    "Task",
+    "Verdict",
+    "VerifiedTask",
+    "generate_problems",
+    "get_scorer",
+    "get_task",
+    "load_problems",
+    "load_split",
+    "make_arithmetic_task",
+    "make_task",
+    "register_scorer",
+    "register_task",
+    "split_summary",
+    "task_names",
 ]
 
 log = logging.getLogger(__name__)

@@ -115,7 +115,7 @@ def serve(preload: tuple[str, ...] = ()) -> None:
             return
         try:
             _send(out, ("ok", fn(*args)))
-        except Exception as err:  # noqa: BLE001 - the parent re-raises it
+        except Exception as err:  # the parent re-raises it
             _send(out, ("error", err))
 
 

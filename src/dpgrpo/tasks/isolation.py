@@ -258,5 +258,14 @@ def require_isolation() -> Launcher:
     return found
 
 
-__all__ = ["INSTALL_HINT", "IsolationUnavailable", "Launcher", "Layout", "WORKDIR",
-           "launcher", "layout", "require_isolation", "seccomp_filter"]
+__all__ = [
+    "INSTALL_HINT",
+    "WORKDIR",
+    "IsolationUnavailable",
+    "Launcher",
+    "Layout",
+    "launcher",
+    "layout",
+    "require_isolation",
+    "seccomp_filter",
+]

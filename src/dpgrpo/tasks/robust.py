@@ -94,9 +94,7 @@ def _from_plain_text(segment: str) -> str | None:
         match = _PLAIN_VALUE.match(part)
         if match:
             values.append(match.group(0).replace("−", "-").strip())
-        elif re.fullmatch(r"\([A-Z]\)", part):  # a multiple-choice label such as (C)
-            values.append(f"\\text{{{part}}}")
-        elif re.fullmatch(r"[A-Za-z]+", part) and len(part) <= _MAX_WORD_CHARS:
+        elif re.fullmatch(r"\([A-Z]\)", part) or (re.fullmatch(r"[A-Za-z]+", part) and len(part) <= _MAX_WORD_CHARS):  # a multiple-choice label such as (C)
             values.append(f"\\text{{{part}}}")
     return ", ".join(values) if values else None
 

@@ -365,7 +365,7 @@ def _compare(answers: bytes, plan: list[Call]) -> str:
                 return f"AssertionError: check {i + 1}: {call.name} raised {str(reply['e'])[:100]}"
             value = wire.decode(reply["v"])
             equal = value == call.expected
-        except Exception as err:  # noqa: BLE001 - any malformed answer is a failed check
+        except Exception as err:  # any malformed answer is a failed check
             return f"AssertionError: check {i + 1}: bad answer ({type(err).__name__})"
         if not equal:
             return f"AssertionError: check {i + 1}: {call.name} returned {repr(value)[:200]}"

@@ -9,8 +9,9 @@ reads those fields and never an arm's name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -183,4 +184,4 @@ def make_arm(config: RunConfig, policy: torch.nn.Module, task: Any) -> Arm:
                train, cap, new_engine)
 
 
-__all__ = ["Arm", "OBJECTIVES", "make_arm"]
+__all__ = ["OBJECTIVES", "Arm", "make_arm"]

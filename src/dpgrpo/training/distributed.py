@@ -17,8 +17,9 @@ With one process every function here reduces to the single-process code path.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 

@@ -14,8 +14,8 @@ decoder layer (:func:`first_adapted_layer`): the frozen layers below record no g
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, cast
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import torch
 

@@ -172,5 +172,16 @@ def open_metrics(backends: tuple[str, ...], run_dir: Path,
     return MetricsLogger(sinks, timings=timings)
 
 
-__all__ = ["BACKENDS", "Laps", "METRICS_FILE", "MetricsLogger", "OFF_MACHINE", "PHASES",
-           "PUBLIC_KEYS", "TENSORBOARD_DIR", "TIMING_KEYS", "check_timing_sinks", "open_metrics"]
+__all__ = [
+    "BACKENDS",
+    "METRICS_FILE",
+    "OFF_MACHINE",
+    "PHASES",
+    "PUBLIC_KEYS",
+    "TENSORBOARD_DIR",
+    "TIMING_KEYS",
+    "Laps",
+    "MetricsLogger",
+    "check_timing_sinks",
+    "open_metrics",
+]

@@ -8,8 +8,8 @@ restores the previous settings afterwards; nothing is disabled globally.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 @contextmanager

@@ -86,7 +86,7 @@ class PeakRSS:
     def reset(self) -> None:
         self.before = self.peak = rss_bytes()
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         import threading
 
         self.reset()

@@ -25,9 +25,10 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -315,9 +316,6 @@ def apply_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     stepped = math.isfinite(norm) and _step_or_undo(optimizer, list(params.values()))
     optimizer.zero_grad(set_to_none=True)
     return norm if stepped else None
-
-
-_apply = apply_update  # its name in tests/test_finite_by_construction.py
 
 
 def _step_or_undo(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:

@@ -98,7 +98,7 @@ def exact_rmsnorm(model) -> None:
 
     import torch
 
-    def forward(self, h):  # noqa: ANN001
+    def forward(self, h):
         return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
     for module in model.modules():

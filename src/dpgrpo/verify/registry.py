@@ -5,8 +5,8 @@ privacy analysis relies on and compares it with a tolerance; the record is machi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
