@@ -238,7 +238,7 @@ def fdp_bound(scores: np.ndarray, included: np.ndarray, *, q: float, sigma: floa
 
 def r_grid(m: int) -> list[int]:
     """The candidate numbers of kept guesses: 12 values from 16 to m / 4, geometric."""
-    return sorted({int(round(x)) for x in np.geomspace(16, max(m // 4, 17), 12)})
+    return sorted({int(round(x)) for x in np.geomspace(16, max(m // 4, 17), 12)})  # noqa: RUF046 - round() of a numpy float is a float before NumPy 2
 
 
 @lru_cache(maxsize=16)

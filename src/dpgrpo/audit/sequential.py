@@ -11,10 +11,11 @@ draws, the test
 
 The p-value is valid, ``P(p <= alpha) <= alpha`` under the null (exchangeable draws), and up to
 ``h / (n + 1)`` it equals the fixed test's (both are ``(g + 1) / (n + 1)`` with ``g < h``), so
-a test that finds signal is as sharp as the fixed one; without signal it stops after about ``h / P(null >= observed)`` draws. ``h >= n`` can only
-stop at the last draw with every draw exceeding, where ``h / L = 1 = (n + 1) / (n + 1)``: it is
-the fixed test. Pure functions of the drawn values, no model: :func:`dpgrpo.audit.mia.
-permutation_test` feeds them the refitted attack's AUCs.
+a test that finds signal is as sharp as the fixed one; without signal it stops after about
+``h / P(null >= observed)`` draws. ``h >= n`` can only stop at the last draw with every draw
+exceeding, where ``h / L = 1 = (n + 1) / (n + 1)``: it is the fixed test. Pure functions of the
+drawn values, no model: :func:`dpgrpo.audit.mia.permutation_test` feeds them the refitted
+attack's AUCs.
 """
 
 from __future__ import annotations

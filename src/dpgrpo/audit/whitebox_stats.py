@@ -103,7 +103,7 @@ def gaussian_fit(statistic: np.ndarray, included: np.ndarray, delta: float) -> G
 
 
 def _grid(m: int) -> list[tuple[int, int]]:
-    ks = sorted({max(1, int(round(x))) for x in np.geomspace(3, max(m // 2, 3), 14)})
+    ks = sorted({max(1, int(round(x))) for x in np.geomspace(3, max(m // 2, 3), 14)})  # noqa: RUF046 - round() of a numpy float is a float before NumPy 2
     return [(k, 0) for k in ks] + [(k, k) for k in ks if 2 * k <= m]
 
 

@@ -92,7 +92,7 @@ def phase_lines() -> Iterator[None]:
 
 def duration(seconds: float) -> str:
     """``42s``, ``5m03s``, ``2h07m``."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, int(round(seconds)))  # noqa: RUF046 - round() of a numpy float is a float before NumPy 2
     if seconds < 60:
         return f"{seconds}s"
     minutes, secs = divmod(seconds, 60)

@@ -13,8 +13,11 @@ from typing import Any
 
 import typer
 
-audit_app = typer.Typer(name="audit", no_args_is_help=True,
-                        help="Privacy audits: membership inference, canaries, the mechanism itself.")
+audit_app = typer.Typer(
+    name="audit",
+    no_args_is_help=True,
+    help="Privacy audits: membership inference, canaries, the mechanism itself.",
+)
 
 _SAMPLES = typer.Option(8, "--samples", help="Responses sampled per prompt from each model.")
 _TEMPERATURE = typer.Option(0.5, "--temperature", help="Sampling temperature of the attack.")
@@ -167,35 +170,67 @@ def canary(
 
 @audit_app.command("mechanism")
 def mechanism(
-    run: Path | None = typer.Option(None, "--run", help="Run directory: audit the mechanism "
-                                    "with its release/certificate.json (n, q, T, sigma, C, d)."),
-    config: Path | None = typer.Argument(None, help="Or a run config (TOML): its n "
-                                         "(data.n_slots or --n), q, T, C and calibrated sigma."),
-    n: int | None = typer.Option(None, "--n", help="Public slot count with CONFIG (default "
-                                 "its data.n_slots)."),
-    canaries: int | None = typer.Option(None, "--canaries",
-                                        help="Gradient canaries K, in slots of their own beside the run's (default 16,000)."),
+    run: Path | None = typer.Option(
+        None,
+        "--run",
+        help="Run directory: audit the mechanism "
+        "with its release/certificate.json (n, q, T, sigma, C, d).",
+    ),
+    config: Path | None = typer.Argument(
+        None,
+        help="Or a run config (TOML): its n (data.n_slots or --n), q, T, C and calibrated sigma.",
+    ),
+    n: int | None = typer.Option(
+        None, "--n", help="Public slot count with CONFIG (default its data.n_slots)."
+    ),
+    canaries: int | None = typer.Option(
+        None,
+        "--canaries",
+        help="Gradient canaries K, in slots of their own beside the run's (default 16,000).",
+    ),
     coordinates: int | None = typer.Option(
-        None, "--coordinates", help="Trainable coordinates d simulated (default: the run's, "
-                                    "raised to K when K exceeds it, as K orthonormal canaries "
-                                    "need d >= K; with CONFIG max(K, 4096))."),
-    mechanism_name: str = typer.Option("correct", "--mechanism",
-                                       help="correct, or a deliberately broken one to see the "
-                                            "audit fail: half_sigma, no_clipping, "
-                                            "half_coordinates, realized_batch, "
-                                            "noise_per_prompt, reused_noise."),
-    selection: str = typer.Option("design", "--selection", help="How the white-box bound's "
-                                  "guesses are fixed: design (in advance) or half."),
+        None,
+        "--coordinates",
+        help="Trainable coordinates d simulated (default: the run's, "
+        "raised to K when K exceeds it, as K orthonormal canaries "
+        "need d >= K; with CONFIG max(K, 4096)).",
+    ),
+    mechanism_name: str = typer.Option(
+        "correct",
+        "--mechanism",
+        help="correct, or a deliberately broken one to see the "
+        "audit fail: half_sigma, no_clipping, "
+        "half_coordinates, realized_batch, "
+        "noise_per_prompt, reused_noise.",
+    ),
+    selection: str = typer.Option(
+        "design",
+        "--selection",
+        help="How the white-box bound's guesses are fixed: design (in advance) or half.",
+    ),
     confidence: float = typer.Option(0.95, "--confidence", help="Confidence of the bounds."),
-    calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate",
-                                   help="Also run audit mode (q = 1), which can fail."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed the canaries' bits and the "
-                                    "model-free run (debugging only; default: OS entropy)."),
-    end_to_end: bool = typer.Option(False, "--end-to-end", help="With CONFIG: real rollouts "
-                                    "and per-prompt gradients of its model and task beside the "
-                                    "canaries, which take absent slots (data.n_slots)."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Also write the JSON record to "
-                                    "this file (never inside a release)."),
+    calibrate: bool = typer.Option(
+        True, "--calibrate/--no-calibrate", help="Also run audit mode (q = 1), which can fail."
+    ),
+    seed: int | None = typer.Option(
+        None,
+        "--seed",
+        help="Seed the canaries' bits and the "
+        "model-free run (debugging only; default: OS entropy).",
+    ),
+    end_to_end: bool = typer.Option(
+        False,
+        "--end-to-end",
+        help="With CONFIG: real rollouts "
+        "and per-prompt gradients of its model and task beside the "
+        "canaries, which take absent slots (data.n_slots).",
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Also write the JSON record to this file (never inside a release).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the full record as JSON."),
 ) -> None:
     """White-box audit of the mechanism with gradient canaries (model-free, or --end-to-end):

@@ -46,7 +46,9 @@ def _print_table(task: str, summary: dict) -> None:
     for key, value in summary.items():
         if key in ("skipped", "errors"):
             continue
-        shown = "error (below)" if key in errors else "not available" if value is None else f"{value:,}"
+        shown = (
+            "error (below)" if key in errors else "not available" if value is None else f"{value:,}"
+        )
         table.add_row(key, shown)
     console = Console()
     console.print(table)

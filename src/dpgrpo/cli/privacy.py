@@ -53,7 +53,9 @@ def _load_ledgers(paths: list[Path]) -> PrivacyLedger:
 @privacy_app.command("calibrate")
 def calibrate_cmd(
     n: int = typer.Option(..., "--n", help="Number of public slots n."),
-    expected_batch: float = typer.Option(..., "--expected-batch", help="Expected prompts per round m (q = m/n)."),
+    expected_batch: float = typer.Option(
+        ..., "--expected-batch", help="Expected prompts per round m (q = m/n)."
+    ),
     rounds: int = typer.Option(..., "--rounds", help="Number of rounds T."),
     epsilon: float = typer.Option(..., "--epsilon", help="Target epsilon."),
     delta: float | None = typer.Option(None, "--delta", help="Target delta (default 1/(10 n))."),
@@ -92,7 +94,9 @@ def plan_cmd(
         ms = [float(x) for x in batches.split(",") if x.strip()]
         gs = [int(x) for x in groups.split(",") if x.strip()]
     except ValueError:
-        raise ConfigError(f"--m and --G take comma-separated numbers, got {batches!r}, {groups!r}") from None
+        raise ConfigError(
+            f"--m and --G take comma-separated numbers, got {batches!r}, {groups!r}"
+        ) from None
     rows = _plan_with_progress(n, epsilon, budget, params, delta, ms, gs)
     report = plan_report(n, epsilon, budget, params, delta, rows)
     best = _recommended(rows)
@@ -168,7 +172,9 @@ def _plan_with_progress(n: int, epsilon: float, budget: int, params: int,
 @privacy_app.command("epsilon")
 def epsilon_cmd(
     n: int = typer.Option(..., "--n", help="Number of public slots n."),
-    expected_batch: float = typer.Option(..., "--expected-batch", help="Expected prompts per round m."),
+    expected_batch: float = typer.Option(
+        ..., "--expected-batch", help="Expected prompts per round m."
+    ),
     rounds: int = typer.Option(..., "--rounds", help="Number of rounds T."),
     sigma: float = typer.Option(..., "--sigma", help="Noise multiplier sigma (> 0)."),
     delta: float | None = typer.Option(None, "--delta", help="delta (default 1/(10 n))."),
@@ -198,21 +204,36 @@ def ledger_cmd(
 
 @privacy_app.command("convert")
 def convert_cmd(
-    ledgers: list[Path] = typer.Option([], "--ledger", help="ledger.json or certificate.json of a "
-                                       "run (repeatable: runs on the same data compose)."),
-    n: int | None = typer.Option(None, "--n", help="Number of public slots n (with "
-                                                      "--expected-batch, --rounds, --sigma)."),
-    expected_batch: float | None = typer.Option(None, "--expected-batch", help="Expected prompts per round m."),
+    ledgers: list[Path] = typer.Option(
+        [],
+        "--ledger",
+        help="ledger.json or certificate.json of a "
+        "run (repeatable: runs on the same data compose).",
+    ),
+    n: int | None = typer.Option(
+        None, "--n", help="Number of public slots n (with --expected-batch, --rounds, --sigma)."
+    ),
+    expected_batch: float | None = typer.Option(
+        None, "--expected-batch", help="Expected prompts per round m."
+    ),
     rounds: int | None = typer.Option(None, "--rounds", help="Number of rounds T."),
     sigma: float | None = typer.Option(None, "--sigma", help="Noise multiplier sigma (> 0)."),
-    epsilon: float | None = typer.Option(None, "--epsilon", help="Only an add-or-remove-one "
-                                            "(epsilon, delta) is known: generic conversion."),
-    delta: float | None = typer.Option(None, "--delta", help="delta (default 1/(10 n) with "
-                                                                "--n; required otherwise)."),
-    group: int = typer.Option(1, "--group", help="Prompts of one person, added/removed or "
-                                                 "swapped together (k)."),
-    relation: str = typer.Option("add-or-remove-one", "--relation",
-                                 help="add-or-remove-one or replace-one (one prompt swapped)."),
+    epsilon: float | None = typer.Option(
+        None,
+        "--epsilon",
+        help="Only an add-or-remove-one (epsilon, delta) is known: generic conversion.",
+    ),
+    delta: float | None = typer.Option(
+        None, "--delta", help="delta (default 1/(10 n) with --n; required otherwise)."
+    ),
+    group: int = typer.Option(
+        1, "--group", help="Prompts of one person, added/removed or swapped together (k)."
+    ),
+    relation: str = typer.Option(
+        "add-or-remove-one",
+        "--relation",
+        help="add-or-remove-one or replace-one (one prompt swapped).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Guarantee for one prompt swapped (replace-one) or a person's k prompts, at the same delta.

@@ -1,7 +1,7 @@
 """`dpgrpo protocol`: the fixed protocol of Section VII-C on one benchmark (train, eval, compare).
 
-A thin wrapper over :mod:`dpgrpo.experiments.protocol`; options given here override the config's optional
-``[protocol]`` table, which overrides the defaults in code.
+A thin wrapper over :mod:`dpgrpo.experiments.protocol`; options given here override the config's
+optional ``[protocol]`` table, which overrides the defaults in code.
 """
 
 from __future__ import annotations

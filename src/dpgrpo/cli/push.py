@@ -74,8 +74,10 @@ def hub_error_message(err: BaseException, repo_id: str) -> str | None:
     if "token" in type(err).__name__.lower():
         return (f"no Hugging Face token ({cause[:300]}): log in (hf auth login) or set HF_TOKEN; "
                 "the release was not published")
-    return (f"cannot reach the Hugging Face hub to push {repo_id} ({cause[:300]}): check the "
-            "network connection (and HF_ENDPOINT or a proxy, if set); the release was not published")
+    return (
+        f"cannot reach the Hugging Face hub to push {repo_id} ({cause[:300]}): check the "
+        "network connection (and HF_ENDPOINT or a proxy, if set); the release was not published"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,5 @@
-"""`dpgrpo study`: the CPU-scale learning and audit study in one command (dpgrpo.experiments.study)."""
+"""`dpgrpo study`: the CPU-scale learning and audit study in one command
+(dpgrpo.experiments.study)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,41 @@ import typer
 
 
 def study_cmd(
-    config: Path = typer.Argument(Path("configs/cpu-study.toml"),
-                                  help="Study TOML: a run config with \\[protocol] and \\[study] tables."),
-    out: Path = typer.Option(Path("runs/cpu-study"), "--out", "-o",
-                             help="Work folder (runs, evaluations, audits); resumable."),
-    results: Path = typer.Option(Path("docs/results"), "--results",
-                                 help="Where cpu-study.md, cpu-study.json and figures go."),
-    sweep: bool = typer.Option(False, "--sweep/--no-sweep",
-                               help="Also train DP-GRPO at the epsilons of study.sweep."),
-    dp_leaky: bool | None = typer.Option(None, "--dp-leaky/--no-dp-leaky",
-                                            help="Also audit the leaky recipe made private "
-                                                 "(default: study.dp_leaky)."),
-    seeds: int | None = typer.Option(None, "--seeds", min=1,
-                                        help="Runs of each trained arm, private and "
-                                             "non-private (default: protocol.seeds and "
-                                             "protocol.non_private_seeds)."),
-    workers: int | None = typer.Option(None, "--workers", min=1,
-                                          help="Processes running independent tasks at once "
-                                               "(default: study.workers)."),
+    config: Path = typer.Argument(
+        Path("configs/cpu-study.toml"),
+        help="Study TOML: a run config with \\[protocol] and \\[study] tables.",
+    ),
+    out: Path = typer.Option(
+        Path("runs/cpu-study"),
+        "--out",
+        "-o",
+        help="Work folder (runs, evaluations, audits); resumable.",
+    ),
+    results: Path = typer.Option(
+        Path("docs/results"), "--results", help="Where cpu-study.md, cpu-study.json and figures go."
+    ),
+    sweep: bool = typer.Option(
+        False, "--sweep/--no-sweep", help="Also train DP-GRPO at the epsilons of study.sweep."
+    ),
+    dp_leaky: bool | None = typer.Option(
+        None,
+        "--dp-leaky/--no-dp-leaky",
+        help="Also audit the leaky recipe made private (default: study.dp_leaky).",
+    ),
+    seeds: int | None = typer.Option(
+        None,
+        "--seeds",
+        min=1,
+        help="Runs of each trained arm, private and "
+        "non-private (default: protocol.seeds and "
+        "protocol.non_private_seeds).",
+    ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Processes running independent tasks at once (default: study.workers).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress messages."),
 ) -> None:
     """Base, non-private GRPO, DP-GRPO and control; leaky and private audits; results page."""

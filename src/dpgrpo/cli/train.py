@@ -12,30 +12,44 @@ import typer
 
 
 def train_cmd(
-    config: Path | None = typer.Argument(None, help="TOML config (default: the embedded CPU demo)."),
-    overrides: list[str] = typer.Option([], "--set", help="Override: section.key=value (repeatable)."),
-    out: Path | None = typer.Option(None, "--out", "-o",
-                                       help="Run directory (default runs/<arm>-<time>)."),
+    config: Path | None = typer.Argument(
+        None, help="TOML config (default: the embedded CPU demo)."
+    ),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override: section.key=value (repeatable)."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="Run directory (default runs/<arm>-<time>)."
+    ),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the run in RUN_DIR."),
     arm: str | None = typer.Option(None, "--arm", help="Shortcut for --set train.arm=..."),
     rounds: int | None = typer.Option(None, "--rounds", help="Shortcut for --set train.rounds=..."),
     epsilon: float | None = typer.Option(None, "--epsilon", help="Shortcut for privacy.epsilon."),
     model: str | None = typer.Option(None, "--model", help="Shortcut for model.name."),
     task: str | None = typer.Option(
-        None, "--task", help="Shortcut for data.task: a task name, package.module:attr (a "
-                             "task or a factory), or an entry point of group dpgrpo.tasks."),
+        None,
+        "--task",
+        help="Shortcut for data.task: a task name, package.module:attr (a "
+        "task or a factory), or an entry point of group dpgrpo.tasks.",
+    ),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Shortcut for data.data_dir."),
     seed: int | None = typer.Option(None, "--seed", help="Debug seed: the run is NOT releasable."),
     metrics: str | None = typer.Option(
-        None, "--metrics", help="Shortcut for train.metrics: jsonl, tensorboard, wandb "
-                                "(comma-separated); public values only."),
+        None,
+        "--metrics",
+        help="Shortcut for train.metrics: jsonl, tensorboard, wandb "
+        "(comma-separated); public values only.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress (bar or lines)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object "
-                                                       "(implies --quiet)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the result as one JSON object (implies --quiet)."
+    ),
     show_private: bool = typer.Option(
-        False, "--show-private-telemetry",
+        False,
+        "--show-private-telemetry",
         help="Also show each round's realized batch size and mean reward: private training "
-             "data, not covered by the guarantee (debugging only)."),
+        "data, not covered by the guarantee (debugging only).",
+    ),
 ) -> None:
     """Train a LoRA adapter with prompt-level (or contributor-level) DP (Algorithm 1); writes
     release/ and recovery/."""
@@ -85,7 +99,11 @@ def train_cmd(
             "releasable": cert.get("releasable"), "rounds": result.rounds_done,
             "steps_skipped": result.steps_skipped}))
         return
-    status = "releasable" if cert.get("releasable") else f"NOT releasable ({cert.get('not_releasable_because')})"
+    status = (
+        "releasable"
+        if cert.get("releasable")
+        else f"NOT releasable ({cert.get('not_releasable_because')})"
+    )
     typer.echo(f"release: {result.release_dir}  (epsilon={cert.get('epsilon'):.4g}, "
                f"delta={cert.get('delta'):.3g}, {status}; {result.steps_skipped} steps skipped)")
 

@@ -99,7 +99,9 @@ def config_from_dict(data: Mapping[str, object], *, source: str = "config") -> R
     sections: dict[str, Any] = {}
     for section, values in data.items():
         if section not in _CLASSES:
-            raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(_CLASSES)})")
+            raise ConfigError(
+                f"{source}: unknown section [{section}] (known: {', '.join(_CLASSES)})"
+            )
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
         try:
@@ -234,7 +236,9 @@ def to_toml(config: RunConfig) -> str:
             elif isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
                 lines.append(f"{key} = [{', '.join(str(v) for v in value)}]")
             elif isinstance(value, (list, tuple)):
-                lines.append(f"{key} = [{', '.join(repr(str(v)).replace(chr(39), chr(34)) for v in value)}]")
+                lines.append(
+                    f"{key} = [{', '.join(repr(str(v)).replace(chr(39), chr(34)) for v in value)}]"
+                )
             else:
                 lines.append(f'{key} = "{value}"')
         lines.append("")
@@ -358,8 +362,8 @@ _LOADERS: dict[str, Callable[..., Any]] = {"protocol": load_protocol_table,
 
 def load_protocol_config(path: str | Path | None, overrides: Sequence[str] = ()
                          ) -> tuple[RunConfig, dict[str, object]]:
-    """A training config and its ``[protocol]`` table (:mod:`dpgrpo.experiments.protocol`; stripped, like
-    ``[study]``, before the RunConfig is built).
+    """A training config and its ``[protocol]`` table (:mod:`dpgrpo.experiments.protocol`; stripped,
+    like ``[study]``, before the RunConfig is built).
 
     ``path`` None: the embedded CPU demo. Overrides are ``section.key=value`` strings.
     """

@@ -342,8 +342,9 @@ class TrainConfig:
     # transformers engine on CUDA: constant-shape decoding steps replayed as a CUDA graph
     # (dpgrpo.rollout.graphs; checked against the eager step at every capture)
     cuda_graphs: bool = True
-    # Fix glibc's mmap threshold so RSS returns to baseline after every pass (dpgrpo.training.runtime):
-    # memory stays at one pass's peak at ~1.4x the CPU time; false keeps glibc's default.
+    # Fix glibc's mmap threshold so RSS returns to baseline after every pass
+    # (dpgrpo.training.runtime): memory stays at one pass's peak at ~1.4x the CPU time; false keeps
+    # glibc's default.
     bound_memory: bool = True
     # Opt-in logs of public values per round (round, T, epsilon): "jsonl"
     # (RUN_DIR/metrics.jsonl), "tensorboard", "wandb" (dpgrpo.training.metrics)
@@ -416,7 +417,9 @@ class TrainConfig:
                               "normalizes rewards within each prompt's group of G completions, "
                               "so with G = 1 every advantage is zero; use G >= 2")
         if self.max_tokens_per_pass < 1:
-            raise ConfigError(f"train.max_tokens_per_pass must be >= 1, got {self.max_tokens_per_pass}")
+            raise ConfigError(
+                f"train.max_tokens_per_pass must be >= 1, got {self.max_tokens_per_pass}"
+            )
         if self.frozen_layer_cache_mb < 0:
             raise ConfigError("train.frozen_layer_cache_mb must be >= 0, got "
                               f"{self.frozen_layer_cache_mb}")
@@ -477,8 +480,10 @@ class RunConfig:
                 raise ConfigError(f"train.arm = {self.train.arm!r} uses sigma = 0; "
                                   "remove privacy.noise_multiplier")
         elif self.privacy.noise_multiplier == 0.0:
-            raise ConfigError(f"arm {self.train.arm!r} is private: privacy.noise_multiplier must be > 0 "
-                              "(use train.arm = 'non-private' for sigma = 0)")
+            raise ConfigError(
+                f"arm {self.train.arm!r} is private: privacy.noise_multiplier must be > 0 "
+                "(use train.arm = 'non-private' for sigma = 0)"
+            )
 
     @property
     def private(self) -> bool:

@@ -129,7 +129,9 @@ def _single_pass(name: str, value: object, found: Found, out: Out, notes: list[s
         raise _refuse("num_iterations", value, REUSE)
 
 
-def _steps_per_generation(name: str, value: object, found: Found, out: Out, notes: list[str]) -> None:
+def _steps_per_generation(
+    name: str, value: object, found: Found, out: Out, notes: list[str]
+) -> None:
     accumulation = found.get("gradient_accumulation_steps", 1) or 1
     if value not in (None, accumulation):
         raise _refuse("steps_per_generation", value, f"(gradient_accumulation_steps = "

@@ -1,4 +1,5 @@
-"""Strict typing of configuration values (issues 33, 59): what a TOML value or ``--set`` text may be.
+"""Strict typing of configuration values (issues 33, 59): what a TOML value or ``--set`` text may
+be.
 
 One set of rules for every table a user writes (the run config's sections and the experiment
 tables ``[protocol]``, ``[study]``, ``[tune]``): a TOML value must already have the field's type

@@ -74,7 +74,9 @@ class EvalSettings:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
-def load_model(model: str, adapter: Path | None, *, dtype: str, device: str) -> tuple[object, object]:
+def load_model(
+    model: str, adapter: Path | None, *, dtype: str, device: str
+) -> tuple[object, object]:
     """``(model, tokenizer)``: the frozen base model, or base + a saved adapter; ``device``
     ``auto`` is a GPU when there is one."""
     from dpgrpo import model as models

@@ -2,9 +2,10 @@
 
 Arms: the public base (evaluated once), DP-GRPO, the zero-advantage control, filtered and gold
 DP-SFT; optionally the ladder (``shuffled-reward``, ``positive-only``) and ``non-private``
-GRPO (``non_private_seeds`` runs, default one, as in Sec. VIII-E). Each private arm runs once per seed k = 1..K, all sharing n,
-q = m/n, sigma and T, hence epsilon (Corollary 2): sigma is resolved once (given, or calibrated
-from ``privacy.epsilon``) and pinned as ``privacy.noise_multiplier`` in every private run.
+GRPO (``non_private_seeds`` runs, default one, as in Sec. VIII-E). Each private arm runs once
+per seed k = 1..K, all sharing n, q = m/n, sigma and T, hence epsilon (Corollary 2): sigma is
+resolved once (given, or calibrated from ``privacy.epsilon``) and pinned as
+``privacy.noise_multiplier`` in every private run.
 
 Seed k is a distinct run (``runs/<arm>-seed<k>``), recorded as ``seed`` in its eval summary.
 It is NOT the privacy seed: coins, rollouts, noise and the LoRA initialization stay on OS
@@ -13,8 +14,9 @@ seed k uses :func:`dpgrpo.privacy.seeds.run_seed`).
 
 Settings (:class:`dpgrpo.config.experiments.ProtocolSettings`, every key typed and listed in
 docs/config.md) come from CLI options, else from an optional ``[protocol]`` table of the TOML
-config (stripped before the RunConfig is built), else from defaults; per-arm recipes default to the paper's supervised ones (Appendix C-B: learning rate
-5e-6 filtered, 2e-5 gold, C = 0.1143670583). A recipe may set ``train.*`` (not ``arm``,
+config (stripped before the RunConfig is built), else from defaults; per-arm recipes default to
+the paper's supervised ones (Appendix C-B: learning rate 5e-6 filtered, 2e-5 gold, C =
+0.1143670583). A recipe may set ``train.*`` (not ``arm``,
 ``rounds``) and ``privacy.clip_norm`` only, so that the arms keep one budget::
 
     [protocol]                      # every key optional
@@ -219,7 +221,8 @@ def check_run_dir(config: RunConfig, run_dir: Path) -> None:
 
 
 def release_complete(run_dir: Path, rounds: int) -> bool:
-    """Whether ``run_dir/release`` holds the adapter and certificate of all T rounds (``rounds``)."""
+    """Whether ``run_dir/release`` holds the adapter and certificate of all T rounds
+    (``rounds``)."""
     return RunDir(run_dir).release_complete(rounds)
 
 

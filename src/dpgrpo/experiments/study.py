@@ -3,10 +3,10 @@
 ``dpgrpo study configs/cpu-study.toml --out runs/cpu-study`` runs, on the embedded arithmetic
 task and SmolLM2-135M:
 
-1. the protocol (:mod:`dpgrpo.experiments.protocol`): the public base, non-private GRPO, DP-GRPO and the
-   zero-advantage control at the same (n, q, sigma, T, C), each evaluated greedily on the eval
-   split, with the comparison report (paired problem-cluster bootstrap, exact McNemar with
-   Holm, MDE) and its figures;
+1. the protocol (:mod:`dpgrpo.experiments.protocol`): the public base, non-private GRPO, DP-GRPO and
+   the zero-advantage control at the same (n, q, sigma, T, C), each evaluated greedily on the eval
+   split, with the comparison report (paired problem-cluster bootstrap, exact McNemar with Holm,
+   MDE) and its figures;
 2. a deliberately leaky non-private run on ``members`` training problems seen many times (drawn
    at random from the first ``2 members`` and recorded in ``audit/split.json``), and
    the DIBA audit (with the classic baselines) of those members against as many held-out
@@ -22,17 +22,18 @@ task and SmolLM2-135M:
 With a ``[study.warm_start]`` table, a public warm start is trained first, beside the audit
 tasks (overrides of the study's config that must move it off the study's training data, e.g.
 gold SFT without noise on a public benchmark), and every protocol arm starts from its adapter
-(``model.init_adapter``; each certificate records its path and sha256). It is evaluated beside the arms, so the page
-shows what the public data alone gives and what private training adds to it. The audit runs
-keep their own recipes and start from a fresh adapter.
+(``model.init_adapter``; each certificate records its path and sha256). It is evaluated beside the
+arms, so the page shows what the public data alone gives and what private training adds to it. The
+audit runs keep their own recipes and start from a fresh adapter.
 
 Every step is resumable (a rerun into the same folder skips finished work) and timed (wall
 seconds and peak RSS). The work is split into independent tasks (each audited run with its
 audits, each protocol arm with its evaluation, the base evaluation, each sweep point); with
 ``workers = N`` they run in N spawned processes at once, each with cores / N torch threads
 (on 2 cores, two single-thread processes get more done than one process with two threads), and
-a final pass collects the results. The wall time is the union of the steps' time spans. The results page ``cpu-study.md`` and ``cpu-study.json`` are written to
-``--results`` (default ``docs/results``); the figures are copied beside them.
+a final pass collects the results. The wall time is the union of the steps' time spans. The results
+page ``cpu-study.md`` and ``cpu-study.json`` are written to ``--results`` (default
+``docs/results``); the figures are copied beside them.
 
 The ``[study]`` table of the config (stripped before the run config is built) sets::
 

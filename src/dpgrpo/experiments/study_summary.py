@@ -79,8 +79,12 @@ def _whitebox_keys(audit: Mapping[str, JSONValue] | None) -> JSON:
             "whitebox_flagged": audit["flagged"]}
 
 
-def _warm_start_keys(results: Mapping[str, JSONValue], report: Mapping[str, JSONValue], dp_gain: float,
-                     nonprivate_gain: float) -> JSON:
+def _warm_start_keys(
+    results: Mapping[str, JSONValue],
+    report: Mapping[str, JSONValue],
+    dp_gain: float,
+    nonprivate_gain: float,
+) -> JSON:
     """What the public warm start gives alone, and what DP-GRPO adds to it (none without one)."""
     warm = results.get("warm_start")
     if not warm:

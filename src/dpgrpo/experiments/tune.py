@@ -128,8 +128,9 @@ def check_proxy(config: RunConfig, settings: TuneSettings) -> None:
 def proxy_config(config: RunConfig, settings: TuneSettings, point: GridPoint, n: int
                  ) -> RunConfig:
     """The private config moved onto the proxy: the proxy's train split (its first n problems if
-    it holds more) in n public slots (the private run's n, so q = m / n is the same), no canaries, the point's overrides, the
-    arm DP-GRPO and sigma left to calibration from the same epsilon and delta."""
+    it holds more) in n public slots (the private run's n, so q = m / n is the same), no
+    canaries, the point's overrides, the arm DP-GRPO and sigma left to calibration from the same
+    epsilon and delta."""
     from dpgrpo.tasks import load_split
 
     size = len(load_split(settings.proxy, "train", settings.proxy_data_dir).problems)  # public
@@ -333,7 +334,7 @@ def _point_result(config: RunConfig, settings: TuneSettings, point: GridPoint, n
     return PointResult(name=point.name, overrides=point.overrides, expected_batch=m,
                        sigma=sigma, trainable_params=p,
                        noise_to_signal=noise_to_signal(sigma, p, m),
-                       completions=int(round(m * cfg.train.group_size * cfg.train.rounds)),
+                       completions=int(round(m * cfg.train.group_size * cfg.train.rounds)),  # noqa: RUF046 - round() of a numpy float is a float before NumPy 2
                        accuracy=sum(accuracies) / len(accuracies),
                        epsilon=max((r["epsilon"] for r in runs if r.get("epsilon") is not None),
                                    default=None),

@@ -112,7 +112,9 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
+def decoder_and_head(
+    model: torch.nn.Module,
+) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
     """The causal LM's decoder (returns hidden states), its ``lm_head`` and its soft-cap.
 
     Works for a :class:`peft.PeftModel` (LoRA layers live inside the decoder, and
@@ -137,7 +139,7 @@ def shared_prompt_end(input_ids: torch.Tensor, attention_mask: torch.Tensor,
                       want: torch.Tensor, group_size: int) -> int:
     """The first scored column if each run of ``group_size`` consecutive rows has identical
     tokens and mask before it (one prompt's completions), else 0 (no prompt to share)."""
-    n, length = input_ids.shape
+    n, _length = input_ids.shape
     if group_size < 2 or n == 0 or n % group_size or not bool(want.any()):
         return 0
     start = int(want.any(0).long().argmax())

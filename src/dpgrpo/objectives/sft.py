@@ -53,7 +53,8 @@ def build_filtered_sft_batch(rollouts: Any, rewards: torch.Tensor) -> TrainBatch
 
 def build_gold_sft_batch(tokenizer: PreTrainedTokenizerBase, user_messages: list[Message],
                          targets: list[str]) -> TrainBatch:
-    """TrainBatch for gold DP-SFT: one row per prompt, chat prompt + target + EOS, loss on target."""
+    """TrainBatch for gold DP-SFT: one row per prompt, chat prompt + target + EOS, loss on
+    target."""
     b = len(user_messages)
     if b == 0:
         empty = torch.zeros((0, 1), dtype=torch.long)
@@ -78,4 +79,9 @@ def build_gold_sft_batch(tokenizer: PreTrainedTokenizerBase, user_messages: list
     return TrainBatch(ids, attn, loss, torch.ones((b, 1)), b, 1)
 
 
-__all__ = ["SFTObjective", "build_filtered_sft_batch", "build_gold_sft_batch", "filtered_row_weights"]
+__all__ = [
+    "SFTObjective",
+    "build_filtered_sft_batch",
+    "build_gold_sft_batch",
+    "filtered_row_weights",
+]

@@ -79,9 +79,13 @@ class RoundEvent:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sampling_rate <= 1.0:
-            raise PrivacyBudgetError(f"sampling rate q must lie in [0, 1], got {self.sampling_rate}")
+            raise PrivacyBudgetError(
+                f"sampling rate q must lie in [0, 1], got {self.sampling_rate}"
+            )
         if not (self.noise_multiplier >= 0.0 and math.isfinite(self.noise_multiplier)):
-            raise PrivacyBudgetError(f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}")
+            raise PrivacyBudgetError(
+                f"noise multiplier must be finite and >= 0, got {self.noise_multiplier}"
+            )
         if int(self.count) != self.count or self.count < 1:
             raise PrivacyBudgetError(f"event count must be a positive integer, got {self.count}")
 
@@ -91,7 +95,9 @@ class RoundEvent:
 
     def dp_event(self) -> dpa.DpEvent:
         """The equivalent frozen ``dp_accounting`` event."""
-        one = dpa.PoissonSampledDpEvent(self.sampling_rate, dpa.GaussianDpEvent(self.noise_multiplier))
+        one = dpa.PoissonSampledDpEvent(
+            self.sampling_rate, dpa.GaussianDpEvent(self.noise_multiplier)
+        )
         return one if self.count == 1 else dpa.SelfComposedDpEvent(one, int(self.count))
 
 
@@ -207,7 +213,10 @@ class PrivacyLedger:
     def record(self, sampling_rate: float, noise_multiplier: float, count: int = 1) -> None:
         new = RoundEvent(sampling_rate, noise_multiplier, count)
         last = self.events[-1] if self.events else None
-        if last and (last.sampling_rate, last.noise_multiplier) == (sampling_rate, noise_multiplier):
+        if last and (last.sampling_rate, last.noise_multiplier) == (
+            sampling_rate,
+            noise_multiplier,
+        ):
             self.events[-1] = RoundEvent(sampling_rate, noise_multiplier, last.count + count)
         else:
             self.events.append(new)
@@ -306,7 +315,9 @@ def check_relation(relation: str, group: int) -> None:
     """PrivacyBudgetError unless ``relation`` is one of :data:`RELATIONS` and ``group`` a
     positive integer."""
     if relation not in RELATIONS:
-        raise PrivacyBudgetError(f"relation must be one of {', '.join(RELATIONS)}, got {relation!r}")
+        raise PrivacyBudgetError(
+            f"relation must be one of {', '.join(RELATIONS)}, got {relation!r}"
+        )
     if isinstance(group, bool) or int(group) != group or group < 1:
         raise PrivacyBudgetError(f"group size must be a positive integer, got {group}")
 

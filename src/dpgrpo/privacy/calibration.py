@@ -253,7 +253,8 @@ def _start_worker() -> _ExactWorker | None:
 def calibrate(n: int, expected_batch: float, rounds: int, epsilon: float,
               delta: float | None = None, *, rel_tol: float = 5e-7,
               parallel: bool = True) -> Calibration:
-    """Smallest noise multiplier whose PLD epsilon over T rounds (``rounds``) is at most ``epsilon``.
+    """Smallest noise multiplier whose PLD epsilon over T rounds (``rounds``) is at most
+    ``epsilon``.
 
     Section VI-C: sigma is found by bisection so that T rounds compose to the target. Here the
     search is aimed on coarse discretizations (cheap) and then certified by two evaluations at
@@ -298,8 +299,11 @@ def _exact_pair(s: _Search, a: float, b: float, pool: _ExactWorker | None) -> No
             s.exact[x] = _eps_single(s.q, x, s.rounds, s.delta, DEFAULT_DISCRETIZATION)
 
 
-def _certify(s: _Search, guess: float, rel_tol: float, pool: _ExactWorker | None) -> tuple[float, float]:
-    """Exact evaluations around ``guess`` until hi meets the target, lo misses it, lo >= hi(1-tol)."""
+def _certify(
+    s: _Search, guess: float, rel_tol: float, pool: _ExactWorker | None
+) -> tuple[float, float]:
+    """Exact evaluations around ``guess`` until hi meets the target, lo misses it,
+    lo >= hi(1-tol)."""
     half = 0.4 * rel_tol
     lo, hi = guess * (1 - half), guess * (1 + half)
     ok_hi = bad_lo = None  # certified points
@@ -334,7 +338,9 @@ def planning_sigma(n: int, expected_batch: float, rounds: int, epsilon: float,
     delta = default_delta(n) if delta is None else delta
     check_delta(delta)
     if not epsilon > 0 or not math.isfinite(epsilon) or rounds < 1:
-        raise PrivacyBudgetError(f"need a finite epsilon > 0 and rounds >= 1, got {epsilon}, {rounds}")
+        raise PrivacyBudgetError(
+            f"need a finite epsilon > 0 and rounds >= 1, got {epsilon}, {rounds}"
+        )
     s = _Search(q, rounds, delta, epsilon)
     lo, hi = 0.05, 1.0
     while s.gap(hi, 1e-2) > 0:

@@ -119,7 +119,11 @@ class ProblemChooser(SeededOrSecure):
     def state_dict(self) -> dict[str, Any]:
         if self._rng is None:
             return {"source": "os-entropy"}
-        return {"source": "seeded", "seed": self.seed, "bit_generator": self._rng.bit_generator.state}
+        return {
+            "source": "seeded",
+            "seed": self.seed,
+            "bit_generator": self._rng.bit_generator.state,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("source") == "seeded" and self._rng is not None:

@@ -65,8 +65,10 @@ class _VectorizedMixtureLoss(plm.MixtureGaussianPrivacyLoss):
     def _privacy_losses(self, x: np.ndarray) -> np.ndarray:
         # privacy_loss(x) for an array: the same terms folded left to right, as logaddexp.reduce.
         sign = 1.0 if self.adjacency_type == plm.AdjacencyType.ADD else -1.0
-        terms = [const + sign * (sens * x / self._variance)
-                 for const, sens in zip(self._precompute_privacy_loss_constants, self.sensitivities)]
+        terms = [
+            const + sign * (sens * x / self._variance)
+            for const, sens in zip(self._precompute_privacy_loss_constants, self.sensitivities)
+        ]
         out: np.ndarray = functools.reduce(np.logaddexp, terms)
         return -out if sign > 0 else out
 

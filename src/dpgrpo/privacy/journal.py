@@ -18,11 +18,11 @@ other records prove were charged but whose lines were lost; see :mod:`dpgrpo.run
 
 Reading never under-counts. Every line that is not an intact record (torn by a crash, or
 garbage) charges one round at the run's (q, sigma), as does each checksum-less line of the
-first journal format; the journal's count is the larger of the sum of all line counts and the largest
-``total`` of an intact line plus the damaged lines after it. Lost middle lines are thus
-covered by later totals, interleaved writers by the sum, and a torn last line is charged,
-never dropped. The journal of one run has one (q, sigma); a line with other values is a
-contradiction (:class:`~dpgrpo.errors.LedgerError`).
+first journal format; the journal's count is the larger of the sum of all line counts and the
+largest ``total`` of an intact line plus the damaged lines after it. Lost middle lines are thus
+covered by later totals, interleaved writers by the sum, and a torn last line is charged, never
+dropped. The journal of one run has one (q, sigma); a line with other values is a contradiction
+(:class:`~dpgrpo.errors.LedgerError`).
 """
 
 from __future__ import annotations

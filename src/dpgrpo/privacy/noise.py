@@ -21,8 +21,9 @@ How a round's noise is made:
    un-noised value makes it reachable (Mironov, CCS 2012). Summing fills those gaps. It costs
    four times the stream: ``bench/noise.py`` measured 0.22 s of one CPU core per round for
    the paper's 4.6M LoRA coordinates with 128-bit radii (3.5x torch's fp64 ``normal_``;
-   bench/README.md has the figure for 256-bit radii), against a minute of rollouts per round. The noise is added to the fp64 clipped sum and only then divided by
-   q*n and cast (post-processing); on a GPU it is generated here, on the CPU, and transferred.
+   bench/README.md has the figure for 256-bit radii), against a minute of rollouts per round. The
+   noise is added to the fp64 clipped sum and only then divided by q*n and cast (post-processing);
+   on a GPU it is generated here, on the CPU, and transferred.
 
 Truncated tails. The largest reachable |draw| is ``R_MAX = sqrt(2 * 256 * ln 2)``; a pair is
 truncated exactly when the ideal radius uniform falls below 2^-256. Coupling every pair with the

@@ -67,7 +67,7 @@ def plan(n: int, epsilon: float, budget: int, coordinates: int, *, delta: float 
             if (m, rounds) not in sigmas:
                 sigmas[m, rounds] = planning_sigma(n, m, rounds, epsilon, delta)
             sigma = sigmas[m, rounds]
-            rows.append(PlanRow(m=m, G=g, T=rounds, completions=int(round(m * g * rounds)),
+            rows.append(PlanRow(m=m, G=g, T=rounds, completions=int(round(m * g * rounds)),  # noqa: RUF046 - round() of a numpy float is a float before NumPy 2
                                 sigma=sigma,
                                 noise_to_signal=noise_to_signal(sigma, coordinates, m)))
     if not rows:

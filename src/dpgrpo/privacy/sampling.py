@@ -117,12 +117,18 @@ class PoissonSampler(SeededOrSecure):
         """Generator state for recovery files (secure mode: nothing to restore)."""
         if self._rng is None:
             return {"source": "os-entropy"}
-        return {"source": "seeded", "seed": self.seed, "bit_generator": self._rng.bit_generator.state}
+        return {
+            "source": "seeded",
+            "seed": self.seed,
+            "bit_generator": self._rng.bit_generator.state,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("source") == "seeded":
             if self._rng is None:
-                raise PrivacyBudgetError("cannot restore a seeded sampler state into a secure sampler")
+                raise PrivacyBudgetError(
+                    "cannot restore a seeded sampler state into a secure sampler"
+                )
             self._rng.bit_generator.state = state["bit_generator"]
 
 

@@ -61,4 +61,12 @@ class RoundKeyed(SeededOrSecure):
         return self.KEY_BITS if self.secure else 0
 
 
-__all__ = ["RANK_STRIDE", "RUN_STRIDE", "STREAMS", "RoundKeyed", "SeededOrSecure", "derive_seed", "run_seed"]
+__all__ = [
+    "RANK_STRIDE",
+    "RUN_STRIDE",
+    "STREAMS",
+    "RoundKeyed",
+    "SeededOrSecure",
+    "derive_seed",
+    "run_seed",
+]

@@ -109,31 +109,54 @@ def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> JSON:
                   and run.sampler.releasable and run.coins.releasable)
     tail = noise_tail_delta(run.coordinates, ledger.rounds, eps) if cfg.private else 0.0
     cert: dict[str, object] = {
-        "epsilon": eps, "delta": run.delta + tail, "delta_pld": run.delta,
-        "noise_tail_delta": tail, "private": cfg.private, "arm": cfg.train.arm,
-        "q": run.q, "sigma": run.sigma, "clip_norm": run.clip_norm, "n": run.n,
+        "epsilon": eps,
+        "delta": run.delta + tail,
+        "delta_pld": run.delta,
+        "noise_tail_delta": tail,
+        "private": cfg.private,
+        "arm": cfg.train.arm,
+        "q": run.q,
+        "sigma": run.sigma,
+        "clip_norm": run.clip_norm,
+        "n": run.n,
         "n_source": N_SOURCES[run.n_source],
-        "expected_batch": run.expected_batch, "rounds": cfg.train.rounds,
-        "rounds_retained": round_done, "rounds_charged": ledger.rounds,
-        "rounds_replayed": ledger.rounds - round_done, "crashes": CRASHES,
+        "expected_batch": run.expected_batch,
+        "rounds": cfg.train.rounds,
+        "rounds_retained": round_done,
+        "rounds_charged": ledger.rounds,
+        "rounds_replayed": ledger.rounds - round_done,
+        "crashes": CRASHES,
         "neighbouring_relation": NEIGHBOURING_RELATION,
         "unit": unit_description(cfg.data.privacy_unit, cfg.data.per_contributor),
-        "accountant": ACCOUNTANT, "accountant_version": accountant_version(),
-        "rdp_epsilon": rdp, "rdp_order": order, "ledger": ledger.to_dict(),
-        "seeded": run.seeded, "releasable": releasable, "noise": "secure" if run.noise.secure else "seeded",
-        "noise_generator": GENERATOR, "record_randomness": RECORD_GENERATOR,
+        "accountant": ACCOUNTANT,
+        "accountant_version": accountant_version(),
+        "rdp_epsilon": rdp,
+        "rdp_order": order,
+        "ledger": ledger.to_dict(),
+        "seeded": run.seeded,
+        "releasable": releasable,
+        "noise": "secure" if run.noise.secure else "seeded",
+        "noise_generator": GENERATOR,
+        "record_randomness": RECORD_GENERATOR,
         "trainable_coordinates": run.coordinates,
         "adapter": adapter_statement(cfg.model, run.coordinates, run.init_adapter_sha256),
-        "model": public_name(cfg.model.name), "task": cfg.data.task, "group_size": cfg.train.group_size,
-        "canary_slots": run.num_canaries, "dpgrpo_version": __version__, "assumptions": ASSUMPTIONS,
-        "record_isolation": record_isolation(cfg.train.rollout_isolation,
-                                             cfg.train.rollout_engine, cfg.data.privacy_unit),
+        "model": public_name(cfg.model.name),
+        "task": cfg.data.task,
+        "group_size": cfg.train.group_size,
+        "canary_slots": run.num_canaries,
+        "dpgrpo_version": __version__,
+        "assumptions": ASSUMPTIONS,
+        "record_isolation": record_isolation(
+            cfg.train.rollout_isolation, cfg.train.rollout_engine, cfg.data.privacy_unit
+        ),
         "budget_independent_of": ["group size G", "clipping norm C", "loss", "verifier"],
-        "shared_budget": (f"every private arm ({', '.join(a for a in ARMS if ARMS[a].private)}) "
-                          f"run with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
-                          f"T = {cfg.train.rounds} and delta = {run.delta:.6g} has exactly this "
-                          "epsilon: only the per-record gradient differs (Corollary 2); this "
-                          f"run's arm, {arm.name}: {arm.description}"),
+        "shared_budget": (
+            f"every private arm ({', '.join(a for a in ARMS if ARMS[a].private)}) "
+            f"run with n = {run.n}, q = {run.q:.6g}, sigma = {run.sigma:.10g}, "
+            f"T = {cfg.train.rounds} and delta = {run.delta:.6g} has exactly this "
+            "epsilon: only the per-record gradient differs (Corollary 2); this "
+            f"run's arm, {arm.name}: {arm.description}"
+        ),
     }
     if cfg.private and math.isfinite(eps):
         # replace-one and a person's k prompts, accounted at the same delta_pld, each delta

@@ -123,8 +123,12 @@ def _check_files(release: Path, cert: Mapping[str, object]) -> Check:
             bad.append(f"{name} (sha256 differs from the certificate's)")
     unhashed = sorted(set(REQUIRED_FILES) - {"certificate.json"} - set(recorded))
     if bad or missing or unhashed:
-        return Check("files", False, ", ".join(bad + [f"{n} (no recorded sha256)" for n in unhashed])
-                     + _missing([m for m in missing if m not in recorded]))
+        return Check(
+            "files",
+            False,
+            ", ".join(bad + [f"{n} (no recorded sha256)" for n in unhashed])
+            + _missing([m for m in missing if m not in recorded]),
+        )
     return Check("files", True, f"{len(recorded)} files match the certificate's sha256: "
                                 f"{', '.join(sorted(recorded))}")
 

@@ -30,8 +30,9 @@ from dpgrpo.rundir.migrate import certified_rounds
 RELEASE_FILES = frozenset({"adapter_model.safetensors", "adapter_config.json", RELEASE_CONFIG,
                            "certificate.json", "README.md"})
 #: Public-config fields that may hold a path of the training machine. A release publishes them
-#: as ``"local model <name>"`` / ``"local data <name>"`` (:func:`dpgrpo.release.write.public_config`),
-#: never the path; :func:`run_config` reads the path back from ``recovery/`` on that machine.
+#: as ``"local model <name>"`` / ``"local data <name>"``
+#: (:func:`dpgrpo.release.write.public_config`), never the path; :func:`run_config` reads the path
+#: back from ``recovery/`` on that machine.
 MACHINE_FIELDS = (("model", "name"), ("model", "init_adapter"), ("data", "data_dir"),
                   ("data", "contributors"))
 #: fields a release never publishes: ``data.indices`` lists which problems were trained on,

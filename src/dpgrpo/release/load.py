@@ -12,6 +12,7 @@ loads from disk, a hub id from the hub or its cache.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -27,10 +28,8 @@ def release_base(path: str | Path) -> str:
 
     release = release_dir_of(path)
     name: Any = None
-    try:
+    with contextlib.suppress(DataError, AttributeError):
         name = (run_config(release).get("model") or {}).get("name")  # a run here: its folder
-    except (DataError, AttributeError):
-        pass
     if not isinstance(name, str) or not name:  # no dpgrpo config: the adapter's own base
         import json
 

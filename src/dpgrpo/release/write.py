@@ -157,7 +157,10 @@ def _release_readme(cert: JSON) -> str:
     status = ("releasable" if cert.get("releasable") else
               "NOT releasable (seeded generators or a non-private arm)")
     protects = ""
-    if isinstance(cert.get("replace_one"), dict):  # what each figure protects (privacy/neighbours.py)
+    if isinstance(
+        cert.get("replace_one"), dict
+    ):  # what each figure protects (privacy/neighbours.py)
+
         def fig(f: Mapping[str, object]) -> str:
             return (f"({format_epsilon(f.get('epsilon'))}, {format_delta(f.get('delta'))}) "
                     f"[{f.get('method')}]")

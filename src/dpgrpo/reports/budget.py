@@ -61,9 +61,9 @@ class ContributorComparison:
     most k problems each per round, one clipped gradient per contributor). The prompt-level
     run of the same configuration (n problem slots, by the prompt rules without
     ``data.n_slots``, which counts contributors here; sigma given, or calibrated to the same
-    privacy.epsilon at this delta) guarantees ``prompt_epsilon`` per problem and only ``group_epsilon`` to a contributor of k
-    problems (the accountant's mixture-of-Gaussians group PLD, :mod:`dpgrpo.privacy.group`;
-    a contributor with more problems fares worse still).
+    privacy.epsilon at this delta) guarantees ``prompt_epsilon`` per problem and only
+    ``group_epsilon`` to a contributor of k problems (the accountant's mixture-of-Gaussians group
+    PLD, :mod:`dpgrpo.privacy.group`; a contributor with more problems fares worse still).
     """
 
     k: int
@@ -142,9 +142,9 @@ def compare_contributor(config: RunConfig, row: BudgetRow, name: str = "config",
 def budget_rows(paths: Sequence[str | Path], overrides: Sequence[str] = ()) -> list[BudgetRow]:
     """Load each TOML config (with ``section.key=value`` overrides) and resolve its budget.
 
-    A ``[protocol]`` table (see :mod:`dpgrpo.experiments.protocol`) is ignored; rows are named after the
-    file stem. The arm is irrelevant to the budget, so a protocol file's arm does not matter;
-    a ``non-private`` config raises ConfigError.
+    A ``[protocol]`` table (see :mod:`dpgrpo.experiments.protocol`) is ignored; rows are named after
+    the file stem. The arm is irrelevant to the budget, so a protocol file's arm does not matter; a
+    ``non-private`` config raises ConfigError.
     """
     from dpgrpo.config import load_protocol_config
 
@@ -184,8 +184,8 @@ def contributor_table(rows: Sequence[BudgetRow]) -> str:
                      f"{row.n:,} ({row.m:g}, {row.sigma:.3f})", f"{c.contributor_epsilon:.3f}",
                      f"{c.prompt_n:,} ({row.m:g}, {c.prompt_sigma:.3f})",
                      f"{c.prompt_epsilon:.3f}", f"{c.group_epsilon:.3f}"])
-    header = ["Configuration", "k", "δ", "contributor slots (m, σ)",
-              "ε per contributor (contributor-level)", "problem slots (m, σ)",
+    header = ["Configuration", "k", "δ", "contributor slots (m, σ)",  # noqa: RUF001 - the report's typography
+              "ε per contributor (contributor-level)", "problem slots (m, σ)",  # noqa: RUF001 - the report's typography
               "ε per problem (prompt-level)", "ε for k problems (prompt-level, group)"]
     return markdown_table(header, body)
 
@@ -203,12 +203,15 @@ def write_budget_report(rows: Sequence[BudgetRow], out: str | Path, *,
             "RDP: minimized over dp_accounting's order grid (order in parentheses). "
             "delta = privacy.delta or 1/(10 n).")
     if any(r.contributor is not None for r in rows):
-        note += (" Contributor rows: n counts contributor slots and epsilon protects one "
-                 "contributor (at most k problems per round, one clipped gradient each). The "
-                 "prompt-level columns are the same configuration with data.privacy_unit = "
-                 "'prompt' (n = problem slots, by the prompt rules without data.n_slots; sigma "
-                 "given, or calibrated to the same epsilon), all at the contributor row's delta; its k-problem figure is the PLD accountant's "
-                 "group epsilon (mixture of Gaussians, Binomial(k, q)).")
+        note += (
+            " Contributor rows: n counts contributor slots and epsilon protects one "
+            "contributor (at most k problems per round, one clipped gradient each). The "
+            "prompt-level columns are the same configuration with data.privacy_unit = "
+            "'prompt' (n = problem slots, by the prompt rules without data.n_slots; sigma "
+            "given, or calibrated to the same epsilon), all at the contributor row's delta; "
+            "its k-problem figure is the PLD accountant's "
+            "group epsilon (mixture of Gaussians, Binomial(k, q))."
+        )
     out.write_text(budget_table(rows) + "\n\n" + note + "\n", encoding="utf-8")
     written = [out]
     if as_json:

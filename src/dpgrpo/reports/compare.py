@@ -21,10 +21,10 @@ from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation import stats
 from dpgrpo.reports.comparison import ArmSummary, Comparison, ContrastRow, Settings
 from dpgrpo.reports.inputs import ArmResults, load_arms, load_eval_file, write_archive
+from dpgrpo.reports.tables import render_report
 
 #: the per-problem archive ``run_compare`` writes beside report.json (reports.inputs)
 ARCHIVE_NAME = "predictions.json.gz"
-from dpgrpo.reports.tables import render_report
 
 FOCAL_ARM = "dp-grpo"
 

@@ -44,7 +44,7 @@ def plot_versus_base(cmp: Comparison, scorer: str, path: Path) -> Path:
     ax.axvline(0.0, color="grey", lw=0.8, ls="--")
     ax.set_yticks(range(len(rows)), [r.arm for r in reversed(rows)])
     ax.set_ylim(-0.6, len(rows) - 0.4)
-    ax.set_xlabel(f"{scorer} accuracy − {cmp.base} (pp); "
+    ax.set_xlabel(f"{scorer} accuracy − {cmp.base} (pp); "  # noqa: RUF001 - the report's typography
                   f"{100 * cmp.settings.level:g}% bootstrap interval, circles: seeds")
     fig.tight_layout()
     fig.savefig(path)

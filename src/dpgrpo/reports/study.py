@@ -20,7 +20,11 @@ def _trained_part(model: Mapping[str, JSONValue]) -> str:
     words = {"B": ", training lora_B only (FFA-LoRA: lora_A frozen at its initialization)",
              "bias": ", training lora_B's bias only (one steering vector per module)"}
     start = f", warm start {model['init_adapter']}" if model.get("init_adapter") else ""
-    return words.get(train, "") + (", with lora_bias" if model.get("lora_bias") and train != "bias" else "") + start
+    return (
+        words.get(train, "")
+        + (", with lora_bias" if model.get("lora_bias") and train != "bias" else "")
+        + start
+    )
 
 
 def _pp(x: float | None) -> str:
@@ -98,25 +102,37 @@ def _warm_start_lines(results: Mapping[str, JSONValue]) -> list[str]:
     cert = warm["certificate"]
     what = ", ".join(f"{k} = {v}" for k, v in warm["overrides"].items())
     share = s.get("retained_share_over_warm_start")
-    return [f"- Every trained arm starts from a **public warm start** ({what}; {certified_rounds(cert)} "
-            f"rounds, sha256 {warm['sha256'][:12]}...): "
-            f"alone it scores **{s['warm_start_accuracy']:.1f}%** "
-            f"({_pp(s['warm_start_gain_pp'])} pp over the base"
-            + (f", {100 * s['warm_start_share_of_dp_gain']:.0f}% of DP-GRPO's "
-               f"{_pp(s['dp_gain_pp'])} pp over the base"
-               if s.get("warm_start_share_of_dp_gain") is not None else "")
-            + f"). DP-GRPO over the warm start: "
-            f"**{_pp(s['dp_vs_warm_start_pp'])} pp** {_ci(s['dp_vs_warm_start_ci'])}"
-            f"{_over_runs(s, 'dp_vs_warm_start')}"
-            + (f"; of what non-private GRPO adds to the warm start, DP-GRPO keeps "
-               f"{100 * share:.0f}%." if share is not None else
-               "; non-private GRPO did not gain over the warm start here, so no share of its "
-               "gain is defined.")
-            + (f" The zero-advantage control against the same start: "
-               f"{_pp(s['control_vs_warm_start_pp'])} pp {_ci(s['control_vs_warm_start_ci'])} "
-               "(noise and the KL term alone)." if "control_vs_warm_start_pp" in s else "")
-            + " The warm start reads only public data (the study refuses one on its own "
-            "training split); the arms' certificates cover what they add to it."]
+    return [
+        f"- Every trained arm starts from a **public warm start** "
+        f"({what}; {certified_rounds(cert)} "
+        f"rounds, sha256 {warm['sha256'][:12]}...): "
+        f"alone it scores **{s['warm_start_accuracy']:.1f}%** "
+        f"({_pp(s['warm_start_gain_pp'])} pp over the base"
+        + (
+            f", {100 * s['warm_start_share_of_dp_gain']:.0f}% of DP-GRPO's "
+            f"{_pp(s['dp_gain_pp'])} pp over the base"
+            if s.get("warm_start_share_of_dp_gain") is not None
+            else ""
+        )
+        + f"). DP-GRPO over the warm start: "
+        f"**{_pp(s['dp_vs_warm_start_pp'])} pp** {_ci(s['dp_vs_warm_start_ci'])}"
+        f"{_over_runs(s, 'dp_vs_warm_start')}"
+        + (
+            f"; of what non-private GRPO adds to the warm start, DP-GRPO keeps {100 * share:.0f}%."
+            if share is not None
+            else "; non-private GRPO did not gain over the warm start here, so no share of its "
+            "gain is defined."
+        )
+        + (
+            f" The zero-advantage control against the same start: "
+            f"{_pp(s['control_vs_warm_start_pp'])} pp {_ci(s['control_vs_warm_start_ci'])} "
+            "(noise and the KL term alone)."
+            if "control_vs_warm_start_pp" in s
+            else ""
+        )
+        + " The warm start reads only public data (the study refuses one on its own "
+        "training split); the arms' certificates cover what they add to it."
+    ]
 
 
 def markdown(results: Mapping[str, JSONValue], pictures: list[str]) -> str:

@@ -35,7 +35,7 @@ def fmt_contrast(row: ContrastRow) -> str:
 def _cells_by_scorer(rows: Sequence[ContrastRow], key: str, scorers: Sequence[str],
                      attr: str) -> list[str]:
     found = {r.scorer: r for r in rows if getattr(r, attr) == key}
-    return [fmt_contrast(found[s]) if s in found else "–" for s in scorers]
+    return [fmt_contrast(found[s]) if s in found else "–" for s in scorers]  # noqa: RUF001 - the report's typography
 
 
 def accuracy_table(cmp: Comparison) -> str:
@@ -46,7 +46,7 @@ def accuracy_table(cmp: Comparison) -> str:
         cells = []
         for s in cmp.scorers:
             if s not in a.accuracy:
-                cells.append("–")
+                cells.append("–")  # noqa: RUF001 - the report's typography
             elif a.name == cmp.base or s not in base.accuracy:
                 cells.append(f"{a.accuracy[s]:.2f}")
             else:
@@ -77,7 +77,7 @@ def versus_base_table(cmp: Comparison) -> str:
     """Every arm minus the base (the numbers of Fig. 2)."""
     names = list(dict.fromkeys(r.arm for r in cmp.versus_base))
     rows = [[n, *_cells_by_scorer(cmp.versus_base, n, cmp.scorers, "arm")] for n in names]
-    return markdown_table(["Arm", *(f"{s} − {cmp.base} (pp)" for s in cmp.scorers)], rows)
+    return markdown_table(["Arm", *(f"{s} − {cmp.base} (pp)" for s in cmp.scorers)], rows)  # noqa: RUF001 - the report's typography
 
 
 def versus_fixed_tables(cmp: Comparison) -> list[str]:
@@ -86,7 +86,7 @@ def versus_fixed_tables(cmp: Comparison) -> list[str]:
     for start in dict.fromkeys(r.comparator for r in cmp.versus_fixed):
         rows_ = [r for r in cmp.versus_fixed if r.comparator == start]
         names = list(dict.fromkeys(r.arm for r in rows_))
-        table = markdown_table(["Arm", *(f"{s} − {start} (pp)" for s in cmp.scorers)],
+        table = markdown_table(["Arm", *(f"{s} − {start} (pp)" for s in cmp.scorers)],  # noqa: RUF001 - the report's typography
                                [[n, *_cells_by_scorer(rows_, n, cmp.scorers, "arm")]
                                 for n in names])
         out += [f"## Each arm against `{start}` (a fixed starting model)", "", table, ""]
@@ -98,10 +98,10 @@ def tests_table(rows: Sequence[ContrastRow]) -> str:
     out = []
     for r in rows:
         c, sd = r.result, r.result.seeds
-        t_int = f"[{sd.t_interval[0]:.2f}, {sd.t_interval[1]:.2f}]" if sd.t_interval else "–"
+        t_int = f"[{sd.t_interval[0]:.2f}, {sd.t_interval[1]:.2f}]" if sd.t_interval else "–"  # noqa: RUF001 - the report's typography
         out.append([
-            f"{r.arm} − {r.comparator}", r.scorer, fmt_contrast(r),
-            " / ".join(f"{x:+.2f}" for x in sd.diffs), f"{sd.sd:.2f}" if sd.sd is not None else "–",
+            f"{r.arm} − {r.comparator}", r.scorer, fmt_contrast(r),  # noqa: RUF001 - the report's typography
+            " / ".join(f"{x:+.2f}" for x in sd.diffs), f"{sd.sd:.2f}" if sd.sd is not None else "–",  # noqa: RUF001 - the report's typography
             t_int, " / ".join(fmt_p(m.p) for m in c.mcnemar), fmt_p(max(c.holm_p)),
             fmt_p(c.sign_p)])
     return markdown_table(["Contrast", "Scorer", "Difference (pp)", "Per-seed difference (pp)",
@@ -134,7 +134,7 @@ def render_report(cmp: Comparison, figure_names: Sequence[str] = ()) -> str:
         f"Holm-adjusted within {holm}. Sign-randomization p uses {st.sign_draws:,} draws "
         f"(seed {st.seed}). Beside every interval containing 0: the two-sided "
         f"{100 * st.power:g}%-power MDE at alpha = {st.alpha:g}, "
-        "MDE = (z_{1−α/2} + z_{power}) · SE, SE = sd(d_j)/√n over per-problem differences "
+        "MDE = (z_{1−α/2} + z_{power}) · SE, SE = sd(d_j)/√n over per-problem differences "  # noqa: RUF001 - the report's typography
         "(paper Section VII-E).", "",
         "## Accuracy", "", accuracy_table(cmp), "",
         "## Accuracy per seed", "", seed_accuracy_table(cmp), "",
@@ -178,7 +178,7 @@ def privacy_budget_table(rows: Sequence[Mapping[str, object]]) -> str:
     ``rounds``, or ``steps`` as dpgrpo 0.2.0 wrote it), ``pld_epsilon``, ``rdp_epsilon`` and
     optionally ``rdp_order`` and ``delta`` (a δ column is added when any row has one). Errors
     name the row (1-based) and field.
-    """
+    """  # noqa: RUF002 - the report's typography
     body = []
     with_delta = any(r.get("delta") is not None for r in rows)
     for i, row in enumerate(rows, start=1):
@@ -191,9 +191,9 @@ def privacy_budget_table(rows: Sequence[Mapping[str, object]]) -> str:
                  f"{pld:.3f}", rdp]
         if with_delta:
             has = row.get("delta") is not None
-            cells.insert(2, f"{_num(row, 'delta', i):.2e}" if has else "–")
+            cells.insert(2, f"{_num(row, 'delta', i):.2e}" if has else "–")  # noqa: RUF001 - the report's typography
         body.append(cells)
-    header = ["Configuration", "n", "(m, σ, T)", "PLD ε", "RDP ε (order)"]
+    header = ["Configuration", "n", "(m, σ, T)", "PLD ε", "RDP ε (order)"]  # noqa: RUF001 - the report's typography
     if with_delta:
         header.insert(2, "δ")
     return markdown_table(header, body)

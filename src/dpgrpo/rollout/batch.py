@@ -80,7 +80,9 @@ def chat_text(tokenizer: Any, message: Message) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, user_messages: Sequence[Message]) -> list[list[int]]:
+def chat_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, user_messages: Sequence[Message]
+) -> list[list[int]]:
     """Token ids of each prompt under the chat template (:func:`chat_text`)."""
     texts = [chat_text(tokenizer, m) for m in user_messages]
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -106,10 +108,18 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int
     return ids, mask
 
 
-def assemble(tokenizer: PreTrainedTokenizerBase, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-             generated: torch.Tensor, stop: list[int], pad_id: int, group_size: int,
-             num_prompts: int, max_new_tokens: int,
-             logprobs: torch.Tensor | None = None) -> RolloutBatch:
+def assemble(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    generated: torch.Tensor,
+    stop: list[int],
+    pad_id: int,
+    group_size: int,
+    num_prompts: int,
+    max_new_tokens: int,
+    logprobs: torch.Tensor | None = None,
+) -> RolloutBatch:
     """Build the batch from left-padded prompt rows ``(N, P)`` and generated tokens ``(N, T)``
     (anything after a row's first stop token is ignored), with their log-probabilities
     ``(N, T)`` when given."""

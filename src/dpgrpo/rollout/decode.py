@@ -208,8 +208,15 @@ def _all_static(cache: Any) -> bool:
         isinstance(layer, StaticLayer) for layer in cache.layers)
 
 
-def _prefill(model: torch.nn.Module, device: torch.device, prompts: list[list[int]], row_prompt: list[int],
-             pad_id: int, max_new_tokens: int, static: bool) -> tuple[Any, torch.Tensor, Any]:
+def _prefill(
+    model: torch.nn.Module,
+    device: torch.device,
+    prompts: list[list[int]],
+    row_prompt: list[int],
+    pad_id: int,
+    max_new_tokens: int,
+    static: bool,
+) -> tuple[Any, torch.Tensor, Any]:
     """Prefill each distinct prompt once and give every row its prompt's cache; returns the
     cache, the rows' first logits ``(R, V)`` and ``(index, prompt mask, next positions)``."""
     width = max(len(p) for p in prompts)

@@ -93,12 +93,21 @@ def _sample_chunk(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return out[:, prompt_ids.shape[1]:]
 
 
-def hf_generate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, user_messages: list[Message], *, group_size: int,
-                temperature: float, max_new_tokens: int,
-                generator: torch.Generator | None = None,
-                batch_size: int | None = None, isolated: bool = False,
-                seeds: list[int] | None = None, top_p: float = 1.0,
-                repetition_penalty: float = 1.0) -> RolloutBatch:
+def hf_generate(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    user_messages: list[Message],
+    *,
+    group_size: int,
+    temperature: float,
+    max_new_tokens: int,
+    generator: torch.Generator | None = None,
+    batch_size: int | None = None,
+    isolated: bool = False,
+    seeds: list[int] | None = None,
+    top_p: float = 1.0,
+    repetition_penalty: float = 1.0,
+) -> RolloutBatch:
     """Today's reference loop: ``model.generate`` per row batch (the benchmark's baseline).
 
     Same arguments and output format as :func:`generate`. Every row re-runs its prompt's

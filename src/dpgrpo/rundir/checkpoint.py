@@ -165,9 +165,11 @@ def load_checkpoint(recovery_dir: Path) -> Checkpoint | None:
             "round 0 (rounds already charged stay charged), remove the step-* folders")
     pointer = recovery_dir / "latest"
     if pointer.exists():
-        raise RecoveryError(f"{pointer} names {pointer.read_text(errors='replace').strip()!r} "
-                            "but no checkpoint folder exists; remove it to start over from round 0 (rounds "
-                            "already charged stay charged)")
+        raise RecoveryError(
+            f"{pointer} names {pointer.read_text(errors='replace').strip()!r} "
+            "but no checkpoint folder exists; remove it to start over from round 0 (rounds "
+            "already charged stay charged)"
+        )
     return None
 
 

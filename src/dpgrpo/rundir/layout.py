@@ -5,7 +5,8 @@
     RUN_DIR/release/    what may be published (release.RELEASE_FILES): adapter, public config,
                         certificate.json, model card
     RUN_DIR/recovery/   private: config.json/.toml (full), journal.jsonl and its twin
-                        journal-twin.jsonl, ledger.json, telemetry.jsonl, canaries.json, step-XXXXXX/ checkpoints
+                        journal-twin.jsonl, ledger.json, telemetry.jsonl, canaries.json,
+                        step-XXXXXX/ checkpoints
     RUN_DIR/.lock       the writer's pid (runlock.py)
 
 :class:`RunDir` names these paths and reads what others read from a run: the public config,
@@ -128,7 +129,8 @@ class RunDir:
         return cert if isinstance(cert, dict) else None
 
     def release_complete(self, rounds: int) -> bool:
-        """Whether ``release/`` holds the adapter and the certificate of all T rounds (``rounds``)."""
+        """Whether ``release/`` holds the adapter and the certificate of all T rounds
+        (``rounds``)."""
         cert = self.certificate()
         return (cert is not None and cert.get("rounds_retained") == rounds
                 and (self.release / ADAPTER).is_file())

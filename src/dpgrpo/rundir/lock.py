@@ -10,6 +10,7 @@ and is removed on a clean exit.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -71,10 +72,8 @@ class RunLock:
                 return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
             if self._created:
-                try:
+                with contextlib.suppress(OSError):
                     self.directory.rmdir()
-                except OSError:
-                    pass
                 self._created = False
             raise
 
@@ -86,10 +85,8 @@ class RunLock:
         try:
             self.path.unlink(missing_ok=True)  # while still holding it: no one else can
             if self._created:
-                try:
+                with contextlib.suppress(OSError):  # not empty (or already gone): keep it
                     self.directory.rmdir()
-                except OSError:
-                    pass  # not empty (or already gone): keep it
         finally:
             os.close(self._fd)  # closing drops the flock
             self._fd = None

@@ -200,7 +200,11 @@ def _draw(rng: random.Random) -> tuple[str, str, str]:
                 f'    {ref(*example)!r}\n    """\n')
     checks = "".join(f"    assert candidate{_call('', args)} == {ref(*args)!r}\n"
                      for args in tests)
-    return question, f"def check(candidate):\n{checks}\n\ncheck({name})\n", f"{question}    {body}\n"
+    return (
+        question,
+        f"def check(candidate):\n{checks}\n\ncheck({name})\n",
+        f"{question}    {body}\n",
+    )
 
 
 def generate_code_problems(split: str, n: int | None = None, *,

@@ -23,10 +23,10 @@ matter. A reward that is None (TRL: "does not apply") or not a finite number cou
 fixed rule: invariant 3; TRL's ``nansum``). Privacy: a reward function is public code and must
 depend only on its own call's arguments: state shared between calls (a cache, a counter, a
 running mean) would carry one problem's data into another prompt's gradient and break the
-guarantee. A reward function that raises ends the run with one ``error:`` line naming it and the round,
-which stays charged (``dpgrpo train --resume`` continues once it is fixed): a crash that can
-depend on the data (the certificate's ``crashes`` note), so make it total. Rewards run in-process, without the built-in
-verifiers' wall-clock bound.
+guarantee. A reward function that raises ends the run with one ``error:`` line naming it and the
+round, which stays charged (``dpgrpo train --resume`` continues once it is fixed): a crash that can
+depend on the data (the certificate's ``crashes`` note), so make it total. Rewards run in-process,
+without the built-in verifiers' wall-clock bound.
 
 The number of problems in a list is private unless the list itself is published, so a run of a
 :class:`RewardTask` needs a public n: ``data.n_slots`` (``n_slots=`` in :func:`dpgrpo.train`;

@@ -187,8 +187,8 @@ def _unshare(path: str, lay: Layout, argv: list[str]) -> list[str]:
 def _probe(launcher: Launcher) -> str | None:
     """None if ``launcher`` starts the interpreter isolated here, else what went wrong."""
     lay = layout()
-    code = ("import os, sys; assert os.getcwd() == %r; "
-            "assert not os.path.exists('/etc'); print('isolated')" % WORKDIR)
+    code = (f"import os, sys; assert os.getcwd() == {WORKDIR!r}; "
+            "assert not os.path.exists('/etc'); print('isolated')")
     try:
         with launcher.popen(lay, [lay.interpreter, "-I", "-S", "-B", "-c", code],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -27,7 +27,7 @@ _INFERENTIAL = re.compile(
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\$(.+?)\$|\\\((.+?)\\\)", re.DOTALL)
 _JOINER = re.compile(r"^[\s,;]*(?:(?:and|or)\b)?[\s,;]*$", re.IGNORECASE)
 _PLAIN_VALUE = re.compile(
-    r"[-+−]?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?:\.\d+)?)?"
+    r"[-+−]?\s*(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:\s*/\s*\d+(?:\.\d+)?)?"  # noqa: RUF001 - the report's typography
     r"(?:\s*(?:\\?pi|π|\\?sqrt\s*\{?\d+\}?|√\s*\d+))?"
 )
 _STATED = re.compile(r"(?:=|\bis\b|\bare\b|\bequals\b|\bbe\b|:)", re.IGNORECASE)
@@ -93,8 +93,10 @@ def _from_plain_text(segment: str) -> str | None:
         part = part.strip().strip("*_").strip()
         match = _PLAIN_VALUE.match(part)
         if match:
-            values.append(match.group(0).replace("−", "-").strip())
-        elif re.fullmatch(r"\([A-Z]\)", part) or (re.fullmatch(r"[A-Za-z]+", part) and len(part) <= _MAX_WORD_CHARS):  # a multiple-choice label such as (C)
+            values.append(match.group(0).replace("−", "-").strip())  # noqa: RUF001 - the report's typography
+        elif re.fullmatch(r"\([A-Z]\)", part) or (
+            re.fullmatch(r"[A-Za-z]+", part) and len(part) <= _MAX_WORD_CHARS
+        ):  # a multiple-choice label such as (C)
             values.append(f"\\text{{{part}}}")
     return ", ".join(values) if values else None
 

@@ -7,8 +7,9 @@
   on a read-only root holding only the interpreter and its standard library, with a tmpfs work
   directory; when :func:`run_tests` returns, the namespace and every process in it are gone.
   Where no launcher works, :func:`run_tests` raises :class:`IsolationUnavailable` (a
-  ConfigError) instead of running unisolated. Under bubblewrap a libseccomp filter refuses new processes, threads, sockets, mounts and
-  namespaces (:func:`dpgrpo.tasks.isolation.seccomp_filter`);
+  ConfigError) instead of running unisolated. Under bubblewrap a libseccomp filter refuses new
+  processes, threads, sockets, mounts and namespaces
+  (:func:`dpgrpo.tasks.isolation.seccomp_filter`);
 * **the Python layer** in that process (``_sandbox_child.py``): rlimits and an audit hook that
   ends it at the first forbidden action (exit 97).
 
@@ -28,6 +29,7 @@ exceptions, timeouts, memory, output, crashes, forbidden actions, a sandbox that
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import math
 import os
@@ -169,10 +171,8 @@ class _Jail:
             for pid in children:
                 _kill_child(pid, self.proc.pid)
             if not children or not self.wait(5):  # not started yet: its own death kills it
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
                 self.proc.wait()
 
     def _end_namespace(self, grace: float) -> None:
@@ -186,10 +186,8 @@ class _Jail:
             return
         try:
             if not _readable(self.pid1, grace):
-                try:
+                with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(self.pid1, signal.SIGKILL)
-                except OSError:
-                    pass
                 _readable(self.pid1, 10.0)
         finally:
             os.close(self.pid1)

@@ -58,7 +58,9 @@ class Arm:
     train: TrainConfig          # G, temperature, beta, pass sizes (public)
     cap: int                    # the completion cap (public)
     new_engine: Callable[[], RolloutEngine] = field(repr=False)
-    laps: Laps = field(default_factory=Laps)  # public wall-clock per phase (dpgrpo.training.metrics)
+    laps: Laps = field(
+        default_factory=Laps
+    )  # public wall-clock per phase (dpgrpo.training.metrics)
     _engine: RolloutEngine | None = field(default=None, repr=False)
     _kept: Trunk | bool | None = field(default=None, repr=False)   # gold SFT's (False: none)
 

@@ -18,6 +18,7 @@ glibc's default: about 1.4x faster on CPU, at about 1.7x the peak.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -55,10 +56,8 @@ def release_free_memory() -> None:
     or where :func:`bound_heap_growth` was not applied."""
     if not (_DONE and _DONE[0]):
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 

@@ -230,7 +230,9 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     # prompt from its (round, slot) stream inside a fork, grads.PromptDropout). Its built-in
     # default seed is a public constant, so unseeded runs reseed it from OS entropy; all
     # ranks start from rank 0's draw so that they hold the same adapter.
-    init_seed = broadcast_object(seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx)
+    init_seed = broadcast_object(
+        seed if seed is not None else int.from_bytes(os.urandom(8), "little"), ctx
+    )
     torch.manual_seed(init_seed)
     m = config.model
     lora = LoraSettings.from_config(m)
@@ -245,7 +247,9 @@ def build_run(config: RunConfig, run_dir: Path, ctx: DistContext | None = None) 
     params = list(trainable_parameters(policy.model).values())
     coordinates = sum(prm.numel() for prm in params)
     if config.private:  # refuse before any round if the generator's tails would matter
-        eps_gate = p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(q, sigma, rounds, delta)
+        eps_gate = (
+            p.epsilon if p.noise_multiplier is None else _epsilon_ceiling(q, sigma, rounds, delta)
+        )
         check_noise_tail(noise_tail_delta(coordinates, rounds, eps_gate), delta)
     optimizer = torch.optim.AdamW(params, lr=config.train.learning_rate,
                                   weight_decay=config.train.weight_decay)

@@ -99,7 +99,9 @@ def exact_rmsnorm(model) -> None:
     import torch
 
     def forward(self, h):
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+        return self.weight * (
+            h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        )
 
     for module in model.modules():
         if type(module).__name__.endswith("RMSNorm"):
@@ -149,7 +151,9 @@ def synthetic_rollouts(tok, num_prompts: int, group: int, *, seed: int = 0, cap:
     messages = [_CORPUS[i % len(_CORPUS)] for i in range(num_prompts)]
     texts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
                                      add_generation_prompt=True) for m in messages]
-    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    enc = tok(
+        texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+    )
     n = num_prompts * group
     lengths = torch.tensor([1 + (r * 3) % cap for r in range(n)])
     lengths = lengths[torch.randperm(n, generator=gen)]
@@ -200,7 +204,7 @@ def random_specs(tok, seed: int, num_prompts: int, group: int = 3, *, long: bool
         comps = []
         for _ in range(group):
             length = int(torch.randint(2, 30 if long else 9, (1,), generator=gen))
-            comps.append(torch.randint(3, len(tok), (length,), generator=gen).tolist()
-                         + [tok.eos_token_id])
+            comps.append([*torch.randint(3, len(tok), (length,), generator=gen).tolist(),
+                          tok.eos_token_id])
         out.append((message, comps))
     return out

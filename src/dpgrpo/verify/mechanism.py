@@ -20,15 +20,21 @@ from dpgrpo.verify.registry import check
 def _records(b: int, seed: int, scale: float = 1.0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     shapes = {"layer1.weight": (8, 4), "layer1.bias": (8,), "layer2.weight": (2, 8)}
-    return {k: scale * torch.randn((b, *s), generator=g, dtype=torch.float64) for k, s in shapes.items()}
+    return {
+        k: scale * torch.randn((b, *s), generator=g, dtype=torch.float64) for k, s in shapes.items()
+    }
 
 
 def _norm(d: dict[str, torch.Tensor]) -> float:
     return math.sqrt(sum(float(v.pow(2).sum()) for v in d.values()))
 
 
-@check("global_sensitivity", tolerance=1e-10,
-       detail="max ||f(D')-f(D)||/C - 1 over 20 random and 1 adversarial (1e12) additions, C=0.7, fp64")
+@check(
+    "global_sensitivity",
+    tolerance=1e-10,
+    detail="max ||f(D')-f(D)||/C - 1 over 20 random and 1 adversarial (1e12) additions, "
+    "C=0.7, fp64",
+)
 def _sensitivity() -> float:
     clip, base = 0.7, _records(5, 0)
     f_d = clip_and_sum(base, clip)
@@ -49,8 +55,13 @@ def _plain_sum() -> float:
     return max(float((out.update[k] - recs[k].sum(0)).abs().max()) for k in recs)
 
 
-@check("noise_std_matches_sigma_c", tolerance=1e-6, comparison=">",
-       detail="two-sided chi-square p-value of 200,000 noise coordinates against sigma*C (false-alarm 1e-6)")
+@check(
+    "noise_std_matches_sigma_c",
+    tolerance=1e-6,
+    comparison=">",
+    detail="two-sided chi-square p-value of 200,000 noise coordinates against sigma*C "
+    "(false-alarm 1e-6)",
+)
 def _noise_std() -> float:
     from scipy import stats
 
@@ -66,7 +77,9 @@ def _noise_std() -> float:
        detail="max |update - z/(qn)| for an empty batch with a replayed seeded noise stream")
 def _empty_batch() -> float:
     empty = {"w": torch.zeros((0, 3, 5), dtype=torch.float64)}
-    out = privatize(empty, clip_norm=0.1, noise_multiplier=2.0, expected_batch=4.0, noise=NoiseSource(seed=9))
+    out = privatize(
+        empty, clip_norm=0.1, noise_multiplier=2.0, expected_batch=4.0, noise=NoiseSource(seed=9)
+    )
     replay = NoiseSource(seed=9)
     replay.start_round()
     expected = replay.normal((3, 5), 0.2, torch.float64) / 4.0
@@ -77,7 +90,9 @@ def _empty_batch() -> float:
        detail="max |update - sum/(qn)| with 3 records and q*n = 12.5 (never the realized size)")
 def _denominator() -> float:
     recs = _records(3, 2, 1e-3)
-    out = privatize(recs, clip_norm=10.0, noise_multiplier=0.0, expected_batch=12.5, noise=NoiseSource(seed=0))
+    out = privatize(
+        recs, clip_norm=10.0, noise_multiplier=0.0, expected_batch=12.5, noise=NoiseSource(seed=0)
+    )
     update = out.update
     return max(float((update[k] - recs[k].sum(0) / 12.5).abs().max()) for k in recs)
 

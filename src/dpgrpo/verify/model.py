@@ -61,18 +61,29 @@ def _fast_vs_reference() -> float:
 def _chunks() -> float:
     _, tok, _, _, _ = _setup()
     rollouts = synthetic_rollouts(tok, 2, 8, seed=3)
-    rewards = torch.tensor([[1.0, 0, 0, 1, 1, 0, 1, 0], [0, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.float64)
+    rewards = torch.tensor(
+        [[1.0, 0, 0, 1, 1, 0, 1, 0], [0, 0, 0, 1, 0, 0, 0, 0]], dtype=torch.float64
+    )
     whole = _grads(rewards, "reference", None, rollouts)
     worst = 0.0
     for size in (1, 2, 4, 8):
         part = _grads(rewards, "reference", size, rollouts)
-        worst = max(worst, max(float(((part[k] - whole[k]).abs() / (1e-12 + 1e-10 * whole[k].abs())).max())
-                               for k in whole))
+        worst = max(
+            worst,
+            max(
+                float(((part[k] - whole[k]).abs() / (1e-12 + 1e-10 * whole[k].abs())).max())
+                for k in whole
+            ),
+        )
     return worst
 
 
-@check("cross_prompt_isolation", group="model", tolerance=0.0,
-       detail="max |change| of prompt 0's gradient when all of prompt 2's rewards change (fast path)")
+@check(
+    "cross_prompt_isolation",
+    group="model",
+    tolerance=0.0,
+    detail="max |change| of prompt 0's gradient when all of prompt 2's rewards change (fast path)",
+)
 def _isolation() -> float:
     rewards = _setup()[3]
     before = _grads(rewards)
@@ -98,8 +109,13 @@ def _nonprivate() -> float:
     return max(float((update[k] - flat[k]).abs().max()) for k in flat)
 
 
-@check("constant_reward_groups_kept", group="model", tolerance=0.0,
-       detail="all-correct vs all-wrong group gradients: max |difference| (must be 0, finite, nonzero)")
+@check(
+    "constant_reward_groups_kept",
+    group="model",
+    tolerance=0.0,
+    detail="all-correct vs all-wrong group gradients: max |difference| "
+    "(must be 0, finite, nonzero)",
+)
 def _constant_groups() -> float:
     ones = torch.ones((3, 4), dtype=torch.float64)
     a, b = _grads(ones), _grads(torch.zeros_like(ones))
