@@ -154,7 +154,8 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
         layer = module.split(".")[1] if "." in module else ""
         for target in edges:
             rest = target.removeprefix("dpgrpo.")
-            if any(rest == ban or rest.startswith(ban + ".") for ban in NEVER_IMPORTS.get(layer, ())):
+            bans = NEVER_IMPORTS.get(layer, ())
+            if any(rest == ban or rest.startswith(ban + ".") for ban in bans):
                 found.append(f"{module} -> {target}")
     return sorted(found)
 
