@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -35,7 +35,14 @@ from dpgrpo.training.lora_hooks import adapted_layer_index
 from dpgrpo.training.metrics import Laps
 
 if TYPE_CHECKING:
-    from dpgrpo.tasks.base import Task
+    from transformers import PreTrainedTokenizerBase
+
+    from dpgrpo.model import Policy
+    from dpgrpo.rollout.batch import Message, RolloutBatch
+    from dpgrpo.tasks.base import Problem, Task
+
+#: a sampled record: the task and the problem (a contributor's are several of them)
+Record = tuple["Task", "Problem"]
 
 #: objective name of the arm table -> the objective, from the train table and the public cap
 OBJECTIVES: dict[str, Callable[[TrainConfig, int], Objective]] = {
@@ -53,8 +60,8 @@ class Arm:
 
     spec: ArmSpec
     objective: Objective
-    model: Any                  # the policy being trained (the reference pass turns LoRA off)
-    tokenizer: Any
+    model: torch.nn.Module      # the policy being trained (the reference pass turns LoRA off)
+    tokenizer: PreTrainedTokenizerBase
     train: TrainConfig          # G, temperature, beta, pass sizes (public)
     cap: int                    # the completion cap (public)
     new_engine: Callable[[], RolloutEngine] = field(repr=False)
@@ -75,7 +82,7 @@ class Arm:
             self._engine = self.new_engine()
         return self._engine
 
-    def batch(self, records: list[tuple[Any, Any]], generator: torch.Generator | None = None,
+    def batch(self, records: list[Record], generator: torch.Generator | None = None,
               *, coins: PromptCoins | None = None) -> tuple[TrainBatch, dict[str, float]]:
         """Build this round's TrainBatch from the sampled (task, problem) records.
 
@@ -125,8 +132,8 @@ class Arm:
         index = adapted_layer_index(self.model)
         return Trunk(index) if index else None
 
-    def _rollouts(self, records: list[tuple[Any, Any]], generator: torch.Generator | None,
-                  seeds: list[int] | None) -> tuple[object, torch.Tensor]:
+    def _rollouts(self, records: list[Record], generator: torch.Generator | None,
+                  seeds: list[int] | None) -> tuple[RolloutBatch, torch.Tensor]:
         g = self.train.group_size
         messages = [task.prompt(problem) for task, problem in records]
         rollouts = self.engine.generate(  # filtered SFT samples from the public base policy
@@ -139,8 +146,8 @@ class Arm:
                                dtype=torch.float32).reshape(len(records), g)
         return rollouts, rewards
 
-    def _gold(self, records: list[tuple[Any, Any]]) -> tuple[TrainBatch, dict[str, float]]:
-        messages = [task.prompt(problem) for task, problem in records]
+    def _gold(self, records: list[Record]) -> tuple[TrainBatch, dict[str, float]]:
+        messages: list[Message] = [task.prompt(problem) for task, problem in records]
         targets = [task.gold_target(problem) for task, problem in records]
         batch = build_gold_sft_batch(self.tokenizer, messages, targets)
         batch.trunk = self._kept_trunk()
@@ -148,7 +155,7 @@ class Arm:
                        if records else 0.0}
 
 
-def _prompt_rewards(task: Task, problem: Any, rollouts: Any, i: int) -> list[float]:
+def _prompt_rewards(task: Task, problem: Problem, rollouts: RolloutBatch, i: int) -> list[float]:
     """Prompt ``i``'s G rewards from its own completions only: a task with ``group_rewards``
     (one prompt's group in one call: TRL-style reward functions) or one ``reward`` call each."""
     texts = rollouts.texts[i]
@@ -158,7 +165,7 @@ def _prompt_rewards(task: Task, problem: Any, rollouts: Any, i: int) -> list[flo
     return cast(list[float], group(texts, problem, completion_ids(rollouts, i)))
 
 
-def _info(rollouts: Any, rewards: torch.Tensor) -> dict[str, float]:
+def _info(rollouts: RolloutBatch, rewards: torch.Tensor) -> dict[str, float]:
     """Per-round telemetry (private: recovery/ only)."""
     if rewards.numel() == 0:
         return {"reward_mean": float("nan"), "length_mean": 0.0, "cap_rate": 0.0,
@@ -170,7 +177,7 @@ def _info(rollouts: Any, rewards: torch.Tensor) -> dict[str, float]:
             "constant_reward_groups": constant}
 
 
-def make_arm(config: RunConfig, policy: torch.nn.Module, task: Any) -> Arm:
+def make_arm(config: RunConfig, policy: Policy, task: Task) -> Arm:
     """The arm named by ``train.arm``, over ``policy`` (model and tokenizer) and ``task`` (its
     default completion cap when ``train.max_new_tokens`` is not set)."""
     spec, train = arm_spec(config.train.arm), config.train

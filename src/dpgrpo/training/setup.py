@@ -13,7 +13,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -34,6 +34,10 @@ from dpgrpo.tasks.splits import public_slots
 from dpgrpo.training.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.training.grads import trainable_parameters
 
+if TYPE_CHECKING:
+    from dpgrpo.model import Policy
+    from dpgrpo.tasks.base import Task
+
 log = logging.getLogger(__name__)
 #: the slow phases before round 1, one INFO line each (public values only: the task's and the
 #: model's configured names); the CLI prints them (``cli/_progress.phase_lines``)
@@ -50,9 +54,9 @@ class RunState:
     public: PublicConstants       # n, m, q, delta, sigma, C (privacy.budget: their one resolver)
     sampler: PoissonSampler
     noise: NoiseSource
-    policy: Any
+    policy: Policy
     optimizer: torch.optim.Optimizer
-    task: Any
+    task: Task
     num_canaries: int = 0
     n_source: str = "data.n_slots"
     coordinates: int = 0          # d: trainable coordinates, each noised every round (public)
@@ -63,8 +67,8 @@ class RunState:
     init_adapter_sha256: str | None = None  # model.init_adapter's weights, read at start-up
 
     @property
-    def model(self) -> Any:
-        return self.policy.model
+    def model(self) -> torch.nn.Module:
+        return cast(torch.nn.Module, self.policy.model)
 
     @functools.cached_property
     def layout(self) -> RunDir:
