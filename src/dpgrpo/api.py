@@ -95,8 +95,8 @@ def _register(task: Any) -> str:
     return task.name
 
 
-def prepare(config: RunConfig | str | Path | Mapping[str, Any] | None = None, *,
-            model: Any = None, tokenizer: Any = None, model_name: str | None = None,
+def prepare(config: RunConfig | str | Path | Mapping[str, object] | None = None, *,
+            model: object = None, tokenizer: object = None, model_name: str | None = None,
             task: Any = None, problems: Iterable[Any] | None = None,
             rewards: RewardFn | Sequence[RewardFn] | None = None,
             eval_problems: Iterable[Any] | None = None, n_slots: int | None = None,

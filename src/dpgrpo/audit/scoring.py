@@ -142,7 +142,7 @@ def base_seed(seed: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def base_rewards(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
+def base_rewards(model: object, tokenizer: object, task: Any, problems: Sequence[object], *,
                  settings: SamplingSettings = SamplingSettings(),
                  generator: torch.Generator | None = None,
                  engine: Any = None) -> list[list[float]]:
@@ -165,7 +165,7 @@ def base_rewards(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any],
     return out
 
 
-def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
+def diba_feature_rows(model: Any, tokenizer: object, task: Any, problems: Sequence[object], *,
                       settings: SamplingSettings = SamplingSettings(),
                       generator: torch.Generator | None = None,
                       base_generator: torch.Generator | None = None,
@@ -216,7 +216,7 @@ def diba_feature_rows(model: Any, tokenizer: Any, task: Any, problems: Sequence[
     return rows
 
 
-def _gold_batch(tokenizer: Any, task: Any, problems: Sequence[Any]
+def _gold_batch(tokenizer: Any, task: Any, problems: Sequence[object]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     """Left-padded ``[prompt][gold target]`` rows and the mask of the target tokens."""
     seqs, masks, texts = [], [], []
@@ -240,7 +240,7 @@ def _gold_batch(tokenizer: Any, task: Any, problems: Sequence[Any]
     return ids, attn, score, texts
 
 
-def gold_baseline_scores(model: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *,
+def gold_baseline_scores(model: Any, tokenizer: object, task: object, problems: Sequence[object], *,
                          batch_size: int = 8, k: float = 0.2) -> dict[str, np.ndarray]:
     """LOSS, zlib, Min-K% and entropy on each problem's gold target, raw and calibrated.
 

@@ -82,7 +82,7 @@ def _scalar(base: object, value: object, text: bool, *, strip: bool = True) -> o
     return value.strip() if strip else value
 
 
-def parse_value(base: Any, value: Any, text: bool) -> object:
+def parse_value(base: object, value: Any, text: bool) -> object:
     """``value`` as ``base``. TOML values (``text`` False) must already have the type: a TOML
     boolean is not a number, a number is not a string, a float is not an int, a float is
     finite, a table is a table. Override text (``text`` True) is parsed by the field's type; a
