@@ -462,3 +462,33 @@ def test_the_summary_and_page_carry_the_two_sided_p_of_a_diba_test() -> None:
     keys = _permuted("audit_dp_auc", one_sided)
     assert keys["audit_dp_auc_p_two_sided"] is None
     assert "two-sided" not in _perm(keys, "audit_dp_auc")
+
+
+def test_the_study_page_gives_the_f_dp_bound_the_rounds_independence_and_the_verdict(
+        monkeypatch) -> None:
+    """Issue 58: the page's white-box sentence, from real audits (the operating point's q, T and
+    sigma, 4,000 canaries): the f-DP bound beside the count-based one, the rounds' noises
+    independent and the verdict for the real mechanism; with a round key drawn once, the
+    sentence names the independence check as what flagged it."""
+    import json
+
+    from dpgrpo.audit.mechanism_audit import audit_mechanism
+    from dpgrpo.audit.whitebox import AuditSetup
+    from dpgrpo.privacy import noise
+    from dpgrpo.reports.study import _whitebox_sentence
+
+    setup = AuditSetup(n=5000, q=0.016, rounds=12, sigma=0.38064, clip_norm=0.055,
+                       delta=1e-4, coordinates=4096, canaries=4000, certified_epsilon=8.0)
+    record = json.loads(json.dumps(audit_mechanism(setup, seed=21, calibrate=True).to_dict()))
+    text = _whitebox_sentence(record)
+    bound = record["fdp_bound"]["epsilon_lower_bound"]
+    assert f"The f-DP one-run bound (the {record['fdp_bound']['r']} most confident" in text
+    assert f"{bound:.3f} at delta' against the certificate's" in text
+    assert "The rounds' noises: independent (max |z|" in text
+    assert text.endswith("Verdict: passed.")
+    real = noise.seeded_key
+    monkeypatch.setattr(noise, "seeded_key", lambda seed, round_index: real(seed, 0))
+    reused = json.loads(json.dumps(audit_mechanism(setup, seed=21).to_dict()))
+    text = _whitebox_sentence(reused)
+    assert "The rounds' noises: correlated, flagged by" in text
+    assert "Verdict: FLAGGED by noise independence across rounds." in text
