@@ -178,7 +178,7 @@ class _JournalFile:
             finally:
                 os.close(fd)
             if new:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(f"disk full: could not append to the privacy journal "
@@ -186,9 +186,10 @@ class _JournalFile:
             raise
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a new journal file's name durable (its folder's entry); the journal does its own
-    fsyncs, so the privacy core needs no run directory module (rundir/ sits above it)."""
+def fsync_dir(path: Path) -> None:
+    """Make a new file's name durable (its folder's entry); a filesystem that cannot sync a
+    folder is left as it is. Here because the journal needs it and rundir/ sits above the
+    privacy core; rundir.atomic exports it for the run directory's other files."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -280,4 +281,4 @@ class PrivacyJournal:
         self.rounds += count
 
 
-__all__ = ["JournalScan", "PrivacyJournal", "decode_line", "encode_line", "scan"]
+__all__ = ["JournalScan", "PrivacyJournal", "decode_line", "encode_line", "fsync_dir", "scan"]
