@@ -178,7 +178,7 @@ class _JournalFile:
             finally:
                 os.close(fd)
             if new:
-                fsync_dir(self.path.parent)
+                _fsync_dir(self.path.parent)
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(f"disk full: could not append to the privacy journal "
@@ -186,10 +186,9 @@ class _JournalFile:
             raise
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a new file's name durable (its folder's entry); a filesystem that cannot sync a
-    folder is left as it is. Here because the journal needs it and rundir/ sits above the
-    privacy core; rundir.atomic exports it for the run directory's other files."""
+def _fsync_dir(path: Path) -> None:
+    """Make a new journal file's name durable (its folder's entry); the journal does its own
+    fsyncs, so the privacy core needs no run directory module (rundir/ sits above it)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -281,4 +280,4 @@ class PrivacyJournal:
         self.rounds += count
 
 
-__all__ = ["JournalScan", "PrivacyJournal", "decode_line", "encode_line", "fsync_dir", "scan"]
+__all__ = ["JournalScan", "PrivacyJournal", "decode_line", "encode_line", "scan"]

@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dpgrpo.errors import DiskFullError, ReadOnlyError
-from dpgrpo.privacy.journal import fsync_dir as fsync_dir  # the one copy, below rundir
 
 #: how torch's zip writer reports a short write (``basic_ios::clear``: the C++ stream failed)
 _TORCH_SHORT_WRITE = ("unexpected pos", "file write failed", "basic_ios::clear")
@@ -89,6 +88,17 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # not every filesystem can sync a directory
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
