@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dpgrpo.config import RunConfig, apply_overrides, embedded_default, load_config, to_toml
-from dpgrpo.errors import ConfigError
+from dpgrpo.errors import ConfigError, PrivacyBudgetError
 
 
 def test_toml_round_trip_and_typed_overrides(tmp_path):
@@ -142,12 +142,23 @@ def test_integers_stay_integers_and_ints_are_numbers(tmp_path):
 
 
 def test_sigma_floor_is_where_the_accountant_grid_explodes():
-    from dpgrpo.privacy.limits import MAX_PLD_POINTS, min_sigma, pld_grid_points
+    from dpgrpo.config.sigma_floor import MAX_PLD_POINTS, min_sigma, pld_grid_points
 
     floor = min_sigma()
     assert pld_grid_points(floor) == pytest.approx(MAX_PLD_POINTS, rel=1e-6)
     assert pld_grid_points(1e-3) * 8 / 2 ** 30 > 30  # the 38 GiB the issue measured
     apply_overrides(RunConfig(), [f"privacy.noise_multiplier={floor * 1.01}"])  # accepted
+
+
+def test_the_sigma_floor_is_one_function_in_config_and_in_privacy():
+    # config/ owns it (checked at load, below privacy/); privacy.limits re-exports the same names
+    import dpgrpo.config.sigma_floor as config_floor
+    import dpgrpo.privacy.limits as privacy_floor
+
+    for name in privacy_floor.__all__:
+        assert getattr(privacy_floor, name) is getattr(config_floor, name)
+    with pytest.raises(PrivacyBudgetError, match=r"privacy\.noise_multiplier"):
+        apply_overrides(RunConfig(), [f"privacy.noise_multiplier={config_floor.min_sigma() / 2}"])
 
 
 def test_non_utf8_toml_is_one_line_naming_the_file(tmp_path):

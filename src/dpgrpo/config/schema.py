@@ -18,6 +18,7 @@ from typing import Any, Literal
 from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
 from dpgrpo.config.json_types import JSON
 from dpgrpo.config.losses import LOSS_TYPES, SCALE_REWARDS, LossType, ScaleRewards, refuse
+from dpgrpo.config.sigma_floor import check_accountable_sigma
 from dpgrpo.config.values import check_choices, check_finite
 from dpgrpo.errors import ConfigError, PrivacyBudgetError, PrivacyError
 
@@ -264,8 +265,6 @@ class PrivacyConfig:
         if self.noise_multiplier is not None and self.noise_multiplier < 0:
             raise ConfigError(f"privacy.noise_multiplier must be >= 0, got {self.noise_multiplier}")
         if self.noise_multiplier:
-            from dpgrpo.privacy.limits import check_accountable_sigma
-
             check_accountable_sigma(self.noise_multiplier, "privacy.noise_multiplier")
 
 
