@@ -204,6 +204,15 @@ def adapter_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if "lora_" in n}
 
 
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """Name -> parameter for every parameter that requires grad, less the adapter weights
+    ``model.lora_train`` freezes (which PEFT may have switched back on: frozen again here).
+    The per-prompt gradients (:mod:`dpgrpo.training.grads`, which re-exports it) are taken
+    with respect to these; recovery/ checkpoints restore them."""
+    frozen = frozen_adapter_names(model)
+    return {n: p for n, p in model.named_parameters() if p.requires_grad and n not in frozen}
+
+
 def adapter_digest(path: str | Path) -> str:
     """sha256 of a saved adapter's weights file (the certificate's record of a public input)."""
     return hashlib.sha256((Path(path) / ADAPTER_WEIGHTS).read_bytes()).hexdigest()

@@ -14,6 +14,7 @@ import pytest
 import torch
 from test_grads import make_batch, make_rollouts
 
+from dpgrpo import model_adapters
 from dpgrpo.config import ModelConfig, load_config
 from dpgrpo.errors import ConfigError
 from dpgrpo.model import LoraSettings, adapter_parameters, attach_lora
@@ -58,6 +59,8 @@ def test_frozen_parts_leave_the_per_prompt_gradients_exact(tok, train, bias, suf
     model = _policy(tok, train, bias)
     params = trainable_parameters(model)
     assert params and all(n.endswith(suffixes) for n in params)
+    # one function: model_adapters' (the checkpoints restore these), re-exported by grads
+    assert trainable_parameters is model_adapters.trainable_parameters
     frozen = [n for n, p in adapter_parameters(model).items() if not p.requires_grad]
     assert frozen and all("lora_A" in n or n.endswith("lora_B.default.weight") for n in frozen)
     batch = make_batch(model, tok, REWARDS)      # the reference pass switches PEFT's adapter

@@ -187,8 +187,7 @@ def load_recovery(recovery_dir: Path) -> dict[str, object] | None:
 def _restorable(model: Any) -> dict[str, torch.nn.Parameter]:
     """The trainable parameters and every adapter weight, frozen ones included: a frozen
     lora_A (model.lora_train = "B") was drawn at start-up and a resumed run must keep it."""
-    from dpgrpo.model_adapters import adapter_parameters
-    from dpgrpo.training.grads import trainable_parameters
+    from dpgrpo.model_adapters import adapter_parameters, trainable_parameters
 
     trainable = trainable_parameters(model)
     return {**adapter_parameters(model), **trainable}

@@ -47,20 +47,13 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from dpgrpo.errors import ConfigError, PrivacyError
-from dpgrpo.model_adapters import frozen_adapter_names
+from dpgrpo.model_adapters import trainable_parameters  # here too, as before
 from dpgrpo.objectives import Objective, TrainBatch
 from dpgrpo.objectives.grpo import prompt_row_chunks
 from dpgrpo.training.lora_hooks import LoraHooks, first_adapted_layer
 from dpgrpo.training.runtime import release_free_memory
 
 PerPromptGrads = dict[str, torch.Tensor]   # name -> (B, *param.shape)
-
-
-def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """Name -> parameter for every parameter that requires grad, less the adapter weights
-    ``model.lora_train`` freezes (which PEFT may have switched back on: frozen again here)."""
-    frozen = frozen_adapter_names(model)
-    return {n: p for n, p in model.named_parameters() if p.requires_grad and n not in frozen}
 
 
 def _acc_dtype(param: torch.Tensor) -> torch.dtype:
