@@ -9,10 +9,10 @@ run kept records apart (:func:`record_isolation`) and what the adapter trained
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dpgrpo import __version__
-from dpgrpo.config import ModelConfig
+from dpgrpo.config import ModelConfig, RunConfig
 from dpgrpo.config.arms import ARMS, arm_spec
 from dpgrpo.config.json_types import JSON
 from dpgrpo.privacy.accounting import (
@@ -23,12 +23,43 @@ from dpgrpo.privacy.accounting import (
 )
 from dpgrpo.privacy.contributors import CONTRIBUTOR, unit_description
 from dpgrpo.privacy.neighbours import neighbour_figures
-from dpgrpo.privacy.noise import GENERATOR, noise_tail_delta
+from dpgrpo.privacy.noise import GENERATOR, NoiseSource, noise_tail_delta
 from dpgrpo.privacy.record_coins import GENERATOR as RECORD_GENERATOR
-from dpgrpo.privacy.sampling import N_SOURCES
+from dpgrpo.privacy.record_coins import RecordRandomness
+from dpgrpo.privacy.sampling import N_SOURCES, PoissonSampler
 
-if TYPE_CHECKING:
-    from dpgrpo.training.setup import RunState
+
+class CertifiedRun(Protocol):
+    """What :func:`certificate` reads of a run: its config, public constants and generators.
+
+    :class:`dpgrpo.training.setup.RunState` is one; release/ sits below training/ (docs/
+    architecture.md, Layers), so the certificate names the fields it reads, not the trainer's
+    state.
+    """
+
+    config: RunConfig
+    noise: NoiseSource
+    sampler: PoissonSampler
+    coins: RecordRandomness
+    n_source: str
+    coordinates: int              # d: trainable coordinates, each noised every round (public)
+    num_canaries: int
+    init_adapter_sha256: str | None
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def q(self) -> float: ...
+    @property
+    def delta(self) -> float: ...
+    @property
+    def sigma(self) -> float: ...
+    @property
+    def clip_norm(self) -> float: ...
+    @property
+    def expected_batch(self) -> float: ...
+    @property
+    def seeded(self) -> bool: ...
 
 ASSUMPTIONS = {
     "A1": "public design: every hyperparameter, n and T fixed without access to the data",
@@ -97,7 +128,7 @@ def adapter_statement(model: ModelConfig, coordinates: int,
             "kl_reference_is": KL_REFERENCE[model.kl_reference]}
 
 
-def certificate(run: RunState, ledger: PrivacyLedger, round_done: int) -> JSON:
+def certificate(run: CertifiedRun, ledger: PrivacyLedger, round_done: int) -> JSON:
     """The privacy certificate written to release/certificate.json."""
     from dpgrpo.model import public_name  # an alias or hub id as it is; never a machine path
 
