@@ -72,7 +72,8 @@ def canary_run(tiny_model_dir, tmp_path_factory):
 
     run_dir, seen, calls = tmp_path_factory.mktemp("canary") / "run", {}, []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("dpgrpo.audit.canary.draw_inclusion", lambda k, generator=None: CANARY_BITS[:k])
+        mp.setattr("dpgrpo.training.canaries.draw_inclusion",
+                   lambda k, generator=None: CANARY_BITS[:k])
         original = run_setup.build_run
 
         def spy(config, run_dir, ctx=None):

@@ -186,10 +186,10 @@ def test_unreachable_epsilon_is_a_config_error(tiny_model_dir, tmp_path):
 
 
 def test_canary_slots_count_in_n_and_stay_secret(tiny_model_dir, tmp_path, monkeypatch):
-    from dpgrpo.audit.canary import CanaryPlan
+    from dpgrpo.training.canaries import CanaryPlan
 
     bits = [False, True, False, False, True, False]  # fixed: 4 absent canaries, every time
-    monkeypatch.setattr("dpgrpo.audit.canary.draw_inclusion", lambda k, generator=None: bits)
+    monkeypatch.setattr("dpgrpo.training.canaries.draw_inclusion", lambda k, generator=None: bits)
     cfg = tiny_config(tiny_model_dir, "audit.canaries=6", "train.rounds=2")
     cert = train(cfg, tmp_path / "run").certificate
     assert cert["n"] == 46 and cert["canary_slots"] == 6 and cert["delta_pld"] == 1 / 460

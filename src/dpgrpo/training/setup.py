@@ -31,6 +31,7 @@ from dpgrpo.privacy.sampling import SAMPLERS, PoissonSampler, SlotCount
 from dpgrpo.privacy.seeds import derive_seed
 from dpgrpo.rundir.layout import RunDir
 from dpgrpo.tasks.splits import public_slots
+from dpgrpo.training.canaries import CanaryPlan
 from dpgrpo.training.distributed import DistContext, barrier, broadcast_object, device_for
 from dpgrpo.training.grads import trainable_parameters
 
@@ -171,7 +172,6 @@ def _slots(config: RunConfig, task: object, run_dir: Path,
 
 def _canary_slots(config: RunConfig, run_dir: Path, ctx: DistContext, first_slot: int) -> list[Any]:
     """The k canary slots (the last k of n, public); an absent canary's slot is an empty record."""
-    from dpgrpo.audit.canary import CanaryPlan
     from dpgrpo.tasks import get_task
 
     k = config.audit.canaries
