@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpgrpo.config.durable import fsync_dir
 from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DiskFullError, LedgerError
 from dpgrpo.privacy.accounting import PrivacyLedger
@@ -178,27 +179,12 @@ class _JournalFile:
             finally:
                 os.close(fd)
             if new:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)  # the new file's name (its folder's entry)
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DiskFullError(f"disk full: could not append to the privacy journal "
                                     f"{self.path}; free space, then resume the run") from None
             raise
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a new journal file's name durable (its folder's entry); the journal does its own
-    fsyncs, so the privacy core needs no run directory module (rundir/ sits above it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not every filesystem can sync a directory
-    finally:
-        os.close(fd)
 
 
 class PrivacyJournal:

@@ -20,6 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+# fsync_file and fsync_dir live below privacy/ and rundir/ (config/durable.py), shared with the
+# privacy journal; re-exported here for the checkpoints and the release writer
+from dpgrpo.config.durable import fsync_dir as fsync_dir
+from dpgrpo.config.durable import fsync_file as fsync_file
 from dpgrpo.errors import DiskFullError, ReadOnlyError
 
 #: how torch's zip writer reports a short write (``basic_ios::clear``: the C++ stream failed)
@@ -78,27 +82,6 @@ def sha256_file(path: str | Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # not every filesystem can sync a directory
-    finally:
-        os.close(fd)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
