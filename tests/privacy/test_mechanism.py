@@ -152,6 +152,26 @@ def test_nonfinite_record_is_zeroed_by_fixed_rule():
     assert out.finite and out.num_nonfinite == 2
 
 
+def test_a_nonfinite_record_is_zeroed_in_place_never_dropped():
+    """Invariant 3's fixed rule replaces a non-finite record by zeros where it is: the record
+    axis keeps its B = 3, rows 1 (a NaN in layer2.weight) and 2 (an inf in layer1.bias) are 0.0
+    in every tensor, row 0 is unchanged bit for bit, and its norms are (||row 0||, 0, 0)."""
+    recs = {k: torch.arange(3 * math.prod(s), dtype=torch.float64).reshape(3, *s) / 8 + 1
+            for k, s in SHAPES.items()}  # every entry >= 1: no row is zero before the rule
+    recs["layer2.weight"][1, 0, 0] = float("nan")
+    recs["layer1.bias"][2, 1] = float("inf")
+    clean, bad = sanitize_nonfinite(recs)
+    assert bad.tolist() == [False, True, True]
+    for k, s in SHAPES.items():
+        assert clean[k].shape == (3, *s), k
+        assert torch.equal(clean[k][0], recs[k][0]), k
+        assert torch.equal(clean[k][1:], torch.zeros((2, *s), dtype=torch.float64)), k
+    row0 = math.sqrt(sum(float(recs[k][0].pow(2).sum()) for k in SHAPES))
+    norms = per_record_norms(clean)
+    assert norms.shape == (3,) and float(norms[0]) == pytest.approx(row0, rel=1e-15)
+    assert norms[1:].tolist() == [0.0, 0.0]
+
+
 def test_infinite_clip_with_noise_is_a_privacy_error():
     with pytest.raises(PrivacyError):
         privatize(_records(2), clip_norm=math.inf, noise_multiplier=1.0, expected_batch=1.0,
