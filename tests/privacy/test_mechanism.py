@@ -172,6 +172,22 @@ def test_a_nonfinite_record_is_zeroed_in_place_never_dropped():
     assert norms[1:].tolist() == [0.0, 0.0]
 
 
+def test_tensors_with_different_record_axes_are_refused():
+    """Every tensor of the mapping carries the same B records. Without the check, a tensor
+    with B = 1 beside one with B = 8 is broadcast over the 8 records: its one record enters the
+    sum 8 times (each record's norm sqrt(2 * 0.25^2 + 2 * 0.5^2) = 0.79 < C, so 'b' sums to
+    8 * 0.5 = 4.0 per coordinate, not 0.5), and no record's clipping bounds it. It is refused."""
+    grads = {"a": torch.full((8, 2), 0.25, dtype=torch.float64),
+             "b": torch.full((1, 2), 0.5, dtype=torch.float64)}
+    with pytest.raises(PrivacyError, match="same leading record axis"):
+        privatize(grads, clip_norm=1.0, noise_multiplier=0.0, expected_batch=8.0,
+                  noise=NoiseSource(seed=0))
+    with pytest.raises(PrivacyError, match="same leading record axis"):
+        clip_and_sum(grads, 1.0)
+    with pytest.raises(PrivacyError, match="same leading record axis"):
+        clip_and_sum({"b": grads["b"], "a": grads["a"]}, 1.0)
+
+
 def test_infinite_clip_with_noise_is_a_privacy_error():
     with pytest.raises(PrivacyError):
         privatize(_records(2), clip_norm=math.inf, noise_multiplier=1.0, expected_batch=1.0,
