@@ -155,6 +155,37 @@ def test_nonfinite_update_skips_step_but_is_charged(tiny_model_dir, tmp_path, mo
     assert all(float(v.abs().sum()) == 0 for v in lora_b)  # no step was taken
 
 
+def test_an_update_the_mechanism_calls_non_finite_never_reaches_the_optimizer(
+        tiny_model_dir, tmp_path, monkeypatch):
+    """The loop's own rule (invariant 3): when ``update.finite`` is false, apply_update is not
+    called at all. Round 1's update is NaN; round 2's is 0.01 everywhere but its clipped sum was
+    non-finite (``sum_finite=False``). apply_update's norm check would catch round 1 but would
+    step on round 2's finite values, so without the loop's check B moves off zero."""
+    import dpgrpo.training.trainer as trainer
+    from dpgrpo.privacy.mechanism import PrivatizedUpdate
+
+    fills = iter([float("nan"), 0.01])
+
+    def flagged(grads, **kwargs):
+        fill = next(fills)
+        update = {k: torch.full(v.shape[1:], fill, dtype=torch.float64) for k, v in grads.items()}
+        return PrivatizedUpdate(update, 0, 0, 0, sum_finite=math.isnan(fill))  # round 2: False
+
+    calls, original = [], trainer.apply_update
+
+    def spy(model, optimizer, update, **kwargs):
+        calls.append(float(next(iter(update.values())).flatten()[0]))
+        return original(model, optimizer, update, **kwargs)
+
+    monkeypatch.setattr(trainer, "privatize", flagged)
+    monkeypatch.setattr(trainer, "apply_update", spy)
+    result = train(tiny_config(tiny_model_dir, "train.rounds=2"), tmp_path / "run")
+    assert calls == [] and result.steps_skipped == 2
+    assert result.certificate["rounds_charged"] == 2
+    lora_b = [v for k, v in _adapter(tmp_path / "run").items() if "lora_B" in k]
+    assert lora_b and all(float(v.abs().sum()) == 0 for v in lora_b)
+
+
 @pytest.mark.parametrize("arm", ["zero-advantage", "shuffled-reward", "positive-only",
                                  "non-private", "filtered-sft", "gold-sft"])
 def test_every_arm_trains(tiny_model_dir, tmp_path, arm):
