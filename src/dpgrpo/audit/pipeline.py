@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.rundir.layout import RunDir
 from dpgrpo.tasks import Problem
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -204,8 +207,9 @@ def _base_key(model_name: str, problems: Sequence[Problem], tasks: Sequence[str]
             "candidates_sha256": digest}
 
 
-def _draw_base(model: object, tokenizer: object, problems: Sequence[Problem], tasks: Sequence[str],
-               settings: SamplingSettings, seed: int) -> list[list[float]]:
+def _draw_base(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase,
+               problems: Sequence[Problem], tasks: Sequence[str], settings: SamplingSettings,
+               seed: int) -> list[list[float]]:
     generator = torch.Generator().manual_seed(base_seed(seed))
     return _by_task(problems, tasks, lambda t, ps: base_rewards(
         model, tokenizer, t, ps, settings=settings, generator=generator))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -29,6 +29,15 @@ from dpgrpo.audit.baselines import TokenStats, baseline_scores
 from dpgrpo.audit.features import SampleScores, diba_features
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout.batch import chat_text
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from dpgrpo.rollout.batch import RolloutBatch
+    from dpgrpo.rollout.engine import RolloutEngine
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -97,7 +106,8 @@ def token_stats(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask:
     return logp, ent
 
 
-def _completion_logprobs(model: torch.nn.Module, batch: Any, batch_size: int) -> np.ndarray:
+def _completion_logprobs(model: torch.nn.Module, batch: RolloutBatch,
+                         batch_size: int) -> np.ndarray:
     """``(N, L)`` log-probabilities of a rollout's completion tokens, each prompt run once.
 
     The quantity of :func:`dpgrpo.objectives.logprobs.token_logprobs` with the completion mask
@@ -130,7 +140,7 @@ def _completion_logprobs(model: torch.nn.Module, batch: Any, batch_size: int) ->
     return out
 
 
-def _chunks(items: Sequence[object], size: int) -> list[Sequence[Any]]:
+def _chunks(items: Sequence[T], size: int) -> list[Sequence[T]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
@@ -142,7 +152,8 @@ def base_seed(seed: int) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def base_rewards(model: object, tokenizer: object, task: Any, problems: Sequence[object], *,
+def base_rewards(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, task: Any,
+                 problems: Sequence[object], *,
                  settings: SamplingSettings = SamplingSettings(),
                  generator: torch.Generator | None = None,
                  engine: Any = None) -> list[list[float]]:
@@ -165,12 +176,13 @@ def base_rewards(model: object, tokenizer: object, task: Any, problems: Sequence
     return out
 
 
-def diba_feature_rows(model: Any, tokenizer: object, task: Any, problems: Sequence[object], *,
+def diba_feature_rows(model: PeftModel, tokenizer: PreTrainedTokenizerBase, task: Any,
+                      problems: Sequence[object], *,
                       settings: SamplingSettings = SamplingSettings(),
                       generator: torch.Generator | None = None,
                       base_generator: torch.Generator | None = None,
                       base: Sequence[Sequence[float]] | None = None,
-                      engine: Any = None) -> list[dict[str, float]]:
+                      engine: RolloutEngine | None = None) -> list[dict[str, float]]:
     """The DIBA features of each problem (:func:`dpgrpo.audit.features.diba_features`).
 
     ``model`` is the fine-tuned :class:`peft.PeftModel`; the base is ``model.disable_adapter()``.
@@ -216,7 +228,7 @@ def diba_feature_rows(model: Any, tokenizer: object, task: Any, problems: Sequen
     return rows
 
 
-def _gold_batch(tokenizer: Any, task: Any, problems: Sequence[object]
+def _gold_batch(tokenizer: PreTrainedTokenizerBase, task: Any, problems: Sequence[object]
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     """Left-padded ``[prompt][gold target]`` rows and the mask of the target tokens."""
     seqs, masks, texts = [], [], []
@@ -240,7 +252,8 @@ def _gold_batch(tokenizer: Any, task: Any, problems: Sequence[object]
     return ids, attn, score, texts
 
 
-def gold_baseline_scores(model: Any, tokenizer: object, task: object, problems: Sequence[object], *,
+def gold_baseline_scores(model: PeftModel, tokenizer: PreTrainedTokenizerBase, task: object,
+                         problems: Sequence[object], *,
                          batch_size: int = 8, k: float = 0.2) -> dict[str, np.ndarray]:
     """LOSS, zlib, Min-K% and entropy on each problem's gold target, raw and calibrated.
 

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import ConfigError
@@ -27,6 +27,12 @@ from dpgrpo.evaluation.predictions import (
 )
 from dpgrpo.tasks import DEFAULT_CHECK_TIMEOUT_S, Problem, get_task, load_problems
 from dpgrpo.tasks.base import completion_cap
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from dpgrpo.rollout.engine import RolloutEngine
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +82,7 @@ class EvalSettings:
 
 def load_model(
     model: str, adapter: Path | None, *, dtype: str, device: str
-) -> tuple[object, object]:
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """``(model, tokenizer)``: the frozen base model, or base + a saved adapter; ``device``
     ``auto`` is a GPU when there is one."""
     from dpgrpo import model as models
@@ -102,7 +108,8 @@ def _check_same_run(out_dir: Path, identity: Mapping[str, object]) -> None:
 
 
 def run_eval(settings: EvalSettings, *, progress: Progress | None = None,
-             loaded: tuple[Any, Any] | None = None, engine: Any = None) -> JSON:
+             loaded: tuple[torch.nn.Module, PreTrainedTokenizerBase] | None = None,
+             engine: RolloutEngine | None = None) -> JSON:
     """Evaluate and return the summary; resumes from an existing predictions file.
 
     ``loaded`` passes an already loaded ``(model, tokenizer)`` (tests, notebooks); ``engine``

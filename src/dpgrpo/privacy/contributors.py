@@ -37,6 +37,8 @@ from dpgrpo.privacy.seeds import SeededOrSecure
 if TYPE_CHECKING:
     import torch
 
+    from dpgrpo.privacy.seeds import GeneratorState
+
 PROMPT, CONTRIBUTOR = "prompt", "contributor"
 UNITS = (PROMPT, CONTRIBUTOR)
 KEY_BYTES = 16  # 128 secret bits per problem key
@@ -116,7 +118,7 @@ class ProblemChooser(SeededOrSecure):
         keys = [raw[KEY_BYTES * i:KEY_BYTES * (i + 1)] for i in range(m)]
         return sorted(sorted(range(m), key=keys.__getitem__)[:self.k])
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> GeneratorState:
         if self._rng is None:
             return {"source": "os-entropy"}
         return {
@@ -125,7 +127,7 @@ class ProblemChooser(SeededOrSecure):
             "bit_generator": self._rng.bit_generator.state,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: GeneratorState) -> None:
         if state.get("source") == "seeded" and self._rng is not None:
             self._rng.bit_generator.state = state["bit_generator"]
 

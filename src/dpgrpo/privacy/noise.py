@@ -44,13 +44,16 @@ import hashlib
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from dpgrpo.errors import PrivacyError
 from dpgrpo.privacy.seeds import RoundKeyed
+
+if TYPE_CHECKING:
+    from dpgrpo.privacy.seeds import GeneratorState
 
 KEY_BYTES = 32                 # 256-bit ChaCha20 key, fresh per round
 SECURE_DRAWS = 4               # Box-Muller draws summed per coordinate (Opacus secure_mode)
@@ -214,13 +217,13 @@ class NoiseSource(RoundKeyed):
             raise PrivacyError("noise drawn before start_round(): every round needs its own key")
         return self._stream.standard_normals(count).reshape(shape).mul_(std).to(dtype)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> GeneratorState:
         """What a resumed run needs: nothing in secure mode; the seed and round index if seeded."""
         if self.secure:
             return {"source": "os-entropy"}
         return {"source": "seeded", "seed": self.seed, "round": self._round}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: GeneratorState) -> None:
         if state.get("source") == "seeded":
             if self.secure:
                 raise PrivacyError("cannot restore a seeded noise state into a secure noise source")

@@ -40,13 +40,16 @@ import hashlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from dpgrpo.errors import PrivacyError
 from dpgrpo.privacy.seeds import RoundKeyed
+
+if TYPE_CHECKING:
+    from dpgrpo.privacy.seeds import GeneratorState
 
 KEY_BYTES = 32                       # 256-bit round key
 SEED_BYTES = 32                      # a prompt's rollout seed: 256 bits of its stream
@@ -194,7 +197,7 @@ class RecordRandomness(RoundKeyed):
             key = hashlib.sha256(material.encode()).digest()
         return RoundKey(key, int(round_index))
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> GeneratorState:
         """Nothing to restore: secure keys are fresh, seeded keys a function of the round."""
         return {"source": "os-entropy"} if self.secure else {"source": "seeded", "seed": self.seed}
 

@@ -16,12 +16,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpgrpo.errors import ConfigError, PrivacyBudgetError
 from dpgrpo.privacy.seeds import SeededOrSecure
+
+if TYPE_CHECKING:
+    from dpgrpo.privacy.seeds import GeneratorState
 
 _TWO_POW_53 = float(2**53)
 
@@ -113,7 +116,7 @@ class PoissonSampler(SeededOrSecure):
         """Indices (sorted, int64) of the slots present this round; possibly empty."""
         return np.flatnonzero(self._uniforms() < self.q).astype(np.int64)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> GeneratorState:
         """Generator state for recovery files (secure mode: nothing to restore)."""
         if self._rng is None:
             return {"source": "os-entropy"}
@@ -123,7 +126,7 @@ class PoissonSampler(SeededOrSecure):
             "bit_generator": self._rng.bit_generator.state,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: GeneratorState) -> None:
         if state.get("source") == "seeded":
             if self._rng is None:
                 raise PrivacyBudgetError(

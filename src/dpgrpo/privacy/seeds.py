@@ -7,7 +7,8 @@ no two generators of one run share a seed; ranks and protocol runs get strides o
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import ClassVar, TypedDict
 
 #: generator -> offset from the user seed (the record coins and the sampler derive their own
 #: keys from the seed itself, under different SHA-256 / numpy constructions)
@@ -27,6 +28,15 @@ def run_seed(seed: int | None, run: int) -> int | None:
     """The user seed of a protocol arm's run ``run`` (1, 2, ...): a stride apart, so the
     streams of two runs never coincide (None: secure runs)."""
     return None if seed is None else seed + RUN_STRIDE * (run - 1)
+
+
+class GeneratorState(TypedDict, total=False):
+    """A privacy generator's ``state_dict()``, saved in ``recovery/`` for a resumed run."""
+
+    source: str                          # "os-entropy" (nothing to restore) or "seeded"
+    seed: int | None                     # the debugging seed (seeded only)
+    bit_generator: Mapping[str, object]  # numpy's generator state (seeded samplers, choosers)
+    round: int                           # the noise's round index (seeded noise)
 
 
 class SeededOrSecure:

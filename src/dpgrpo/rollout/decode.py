@@ -120,7 +120,7 @@ if DynamicLayer is not None:
 StaticLayer = make_static_layer(PreallocatedLayer) if DynamicLayer is not None else type(None)
 
 
-def new_cache(model: object, capacity: int, layer: type | None = None) -> Any:
+def new_cache(model: object, capacity: int, layer: type | None = None) -> DynamicCache:
     """A cache for ``model`` whose full-attention layers are preallocated for ``capacity``
     positions, as ``layer`` (default :class:`PreallocatedLayer`); other layer kinds, e.g.
     sliding windows, keep their own transformers class."""
@@ -137,7 +137,7 @@ def new_cache(model: object, capacity: int, layer: type | None = None) -> Any:
     return cache
 
 
-def plain_cache(model: object) -> Any:
+def plain_cache(model: object) -> DynamicCache:
     """transformers' own ``DynamicCache`` for ``model`` (keys and values concatenated, so a
     forward through it can be differentiated; the preallocated layers write in place)."""
     try:
@@ -156,7 +156,7 @@ def cache_keyword(model: object) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _decoding_kernels(device: torch.device) -> Any:
+def _decoding_kernels(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """On CUDA, attention without the cuDNN backend: its kernels are fast, but each new key
     length (every step) costs about 1.7 ms of host time to plan (measured on an H200, PyTorch
     2.11: half of a 95 ms decoding step of Qwen2.5-1.5B); the flash and memory-efficient
@@ -203,7 +203,7 @@ def decode(model: torch.nn.Module, prompts: list[list[int]], row_prompt: list[in
     return (loop.generated, cast(torch.Tensor, loop.logp)) if logprobs else loop.generated
 
 
-def _all_static(cache: Any) -> bool:
+def _all_static(cache: DynamicCache) -> bool:
     return bool(getattr(cache, "layers", None)) and all(
         isinstance(layer, StaticLayer) for layer in cache.layers)
 
@@ -216,7 +216,7 @@ def _prefill(
     pad_id: int,
     max_new_tokens: int,
     static: bool,
-) -> tuple[Any, torch.Tensor, Any]:
+) -> tuple[DynamicCache, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Prefill each distinct prompt once and give every row its prompt's cache; returns the
     cache, the rows' first logits ``(R, V)`` and ``(index, prompt mask, next positions)``."""
     width = max(len(p) for p in prompts)
@@ -286,8 +286,9 @@ class _Loop:
         return tok
 
 
-def _decode_dynamic(model: torch.nn.Module, device: torch.device, cache: Any, logits: torch.Tensor,
-                    state: Any, loop: _Loop, max_new_tokens: int, check_every: int) -> None:
+def _decode_dynamic(model: torch.nn.Module, device: torch.device, cache: DynamicCache,
+                    logits: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], loop: _Loop,
+                    max_new_tokens: int, check_every: int) -> None:
     """Growing views of the cache; finished rows dropped (see the module docstring)."""
     prompt_mask, pos = state
     n_rows, width = prompt_mask.shape
@@ -319,8 +320,9 @@ def _decode_dynamic(model: torch.nn.Module, device: torch.device, cache: Any, lo
         pos = pos + 1
 
 
-def _decode_static(model: torch.nn.Module, device: torch.device, cache: Any, logits: torch.Tensor,
-                   state: Any, loop: _Loop, max_new_tokens: int, check_every: int) -> None:
+def _decode_static(model: torch.nn.Module, device: torch.device, cache: DynamicCache,
+                   logits: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], loop: _Loop,
+                    max_new_tokens: int, check_every: int) -> None:
     """Constant shapes, every row to the end of the call (:mod:`dpgrpo.rollout.graphs`)."""
     prompt_mask, pos = state
     n_rows, width = prompt_mask.shape

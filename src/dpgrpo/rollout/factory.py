@@ -6,10 +6,16 @@ which both engines import: the engines never import this module, so there is no 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.rollout.engine import ENGINES, RolloutEngine
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from dpgrpo.model import Policy
 
 
 def isolation_statement(engine: str, rollout_mode: str) -> str:
@@ -22,7 +28,8 @@ def isolation_statement(engine: str, rollout_mode: str) -> str:
     return isolation_text(rollout_mode == "isolated")
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, *, isolated: bool = False,
+def make_engine(name: str, model: torch.nn.Module | Policy,
+                tokenizer: PreTrainedTokenizerBase, *, isolated: bool = False,
                 rows_per_call: int | None = None, model_name: str | None = None,
                 dtype: str | None = None, **options: Any) -> RolloutEngine:
     """The engine ``name`` over ``model`` (a PeftModel, a plain causal LM or a Policy).

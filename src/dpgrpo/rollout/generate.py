@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def generate(model: object, tokenizer: object, user_messages: list[Message], *, group_size: int,
+def generate(model: torch.nn.Module | Policy, tokenizer: PreTrainedTokenizerBase,
+             user_messages: list[Message], *, group_size: int,
              temperature: float, max_new_tokens: int,
              generator: torch.Generator | None = None,
              batch_size: int | None = None, isolated: bool = False,

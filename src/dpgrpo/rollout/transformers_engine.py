@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -41,6 +41,9 @@ from dpgrpo.rollout.batch import (
 from dpgrpo.rollout.decode import decode
 from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds
 from dpgrpo.rollout.sampling import SamplerSettings, row_coins
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ISOLATED = ("isolated: each prompt's completions were generated in calls holding that prompt "
             "alone (prefilled once, unpadded), with its own coins, so they do not depend on "
@@ -152,7 +155,8 @@ class TransformersEngine:
 
     name = "transformers"
 
-    def __init__(self, model: Any, tokenizer: Any, *, isolated: bool = False,
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, *,
+                 isolated: bool = False,
                  rows_per_call: int | None = None, cuda_graphs: bool = True,
                  merge_adapter: bool | None = None, record_logprobs: bool = False,
                  sample_dropout: bool = False) -> None:

@@ -34,7 +34,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -50,6 +50,11 @@ from dpgrpo.rollout.batch import (
 )
 from dpgrpo.rollout.engine import check_request, plan_calls, prompt_seeds, request_seed
 from dpgrpo.rollout.sampling import SamplerSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
 
 INSTALL = "pip install 'dpgrpo[vllm]' (a CUDA GPU is needed)"
 #: max_lora_rank values vLLM accepts
@@ -120,10 +125,11 @@ class VLLMEngine:
 
     name = "vllm"
 
-    def __init__(self, model: Any, tokenizer: Any, *, model_name: str, isolated: bool = False,
+    def __init__(self, model: Any, tokenizer: PreTrainedTokenizerBase, *, model_name: str,
+                 isolated: bool = False,
                  rows_per_call: int | None = None, dtype: str = "bfloat16",
                  gpu_memory_utilization: float = 0.4, max_model_len: int | None = None,
-                 llm: Any = None) -> None:
+                 llm: LLM | None = None) -> None:
         require_vllm()
         check_request(1, 1, rows_per_call)
         self.model, self.tokenizer = model, tokenizer
@@ -147,7 +153,7 @@ class VLLMEngine:
     def isolation(self) -> str:
         return isolation_text(self.isolated)
 
-    def lora_request(self) -> Any:
+    def lora_request(self) -> LoRARequest:
         """The current adapter as a LoRARequest; saved again only when its weights changed."""
         from peft import get_peft_model_state_dict
         from vllm.lora.request import LoRARequest
