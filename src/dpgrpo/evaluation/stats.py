@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from scipy import stats as _sps
@@ -42,6 +42,9 @@ from dpgrpo.evaluation.defaults import (
     DEFAULT_SEED,
     DEFAULT_SIGN_DRAWS,
 )
+
+if TYPE_CHECKING:
+    from dpgrpo.config.json_types import JSONValue
 
 _CHUNK_CELLS = 1 << 22             # cells per random chunk: bounds memory to ~32 MiB per array
 
@@ -322,7 +325,7 @@ class Contrast:
         return out
 
 
-def jsonable(x: object) -> Any:
+def jsonable(x: object) -> JSONValue:
     """Recursively turn tuples into lists, NaN into None and numpy scalars into Python ones."""
     if isinstance(x, dict):
         return {k: jsonable(v) for k, v in x.items()}

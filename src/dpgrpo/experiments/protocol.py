@@ -48,7 +48,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import FOCAL_ARM, ArmName, arm_spec
@@ -180,7 +180,7 @@ def _differences(saved: object, wanted: object, prefix: str = "") -> list[str]:
     return [] if saved == wanted else [prefix.rstrip(".")]
 
 
-def _with_defaults(saved: object, defaults: object) -> Any:
+def _with_defaults(saved: object, defaults: object) -> JSONValue:
     """``saved`` with every key it lacks taken from ``defaults`` (recursively)."""
     if not (isinstance(saved, dict) and isinstance(defaults, dict)):
         return saved
@@ -261,7 +261,14 @@ def evaluate(plan: ProtocolPlan, out_dir: Path, *, adapter: Path | None, arm: st
         source=cfg.data.source))
 
 
-Step = Callable[[str, Callable[[], Any]], Any]
+T = TypeVar("T")
+
+
+class Step(Protocol):
+    """``step(name, fn)``: run ``fn`` as the named step of a run (a timed one in the study) and
+    return what it returns."""
+
+    def __call__(self, name: str, fn: Callable[[], T], /) -> T: ...
 
 
 def run_one(plan: ProtocolPlan, spec: RunSpec, *, step: Step | None = None
@@ -324,7 +331,7 @@ def _run_protocol(plan: ProtocolPlan, progress: Callable[[str], None] | None) ->
     summaries = {BASE_ARM: evaluate(plan, plan.base_dir, adapter=None, arm=BASE_ARM, seed=None)}
     status: dict[str, str] = {}
     certificates: dict[str, dict[str, object]] = {}
-    def step(name: str, fn: Callable[[], Any]) -> Any:
+    def step(name: str, fn: Callable[[], T]) -> T:
         say(f"{name} ...")
         return fn()
 

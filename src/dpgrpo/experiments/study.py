@@ -65,7 +65,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpgrpo.config import RunConfig, apply_overrides, config_from_dict, read_toml
 from dpgrpo.config.arms import FOCAL_ARM
@@ -96,6 +96,9 @@ from dpgrpo.experiments.study_steps import (
 )
 from dpgrpo.experiments.study_summary import jsonable, summarize
 
+if TYPE_CHECKING:
+    from dpgrpo.experiments.protocol import ProtocolPlan
+
 
 @dataclass(frozen=True)
 class _Study:
@@ -105,7 +108,7 @@ class _Study:
     out: Path
     settings: StudySettings
     config: RunConfig
-    plan: Any
+    plan: ProtocolPlan
 
     @classmethod
     def load(cls, config_path: str | Path, out_dir: str | Path,
@@ -276,7 +279,8 @@ def _audit_base_steps(st: _Study, steps: Steps) -> None:
                       functools.partial(draw_base_samples, audits, st.settings, cfg))
 
 
-def _permutation_steps(st: _Study, steps: Steps, audit: str, what: str) -> Any:
+def _permutation_steps(st: _Study, steps: Steps, audit: str, what: str
+                       ) -> dict[str, object] | None:
     """The permutation test of a DIBA audit, once its features are saved."""
     if (st.audit(audit) / "candidates.jsonl").exists():
         return steps.run(f"permutation test of the {what}",
@@ -312,10 +316,10 @@ def _base_steps(st: _Study, steps: Steps) -> None:
                                                      arm=BASE_ARM, seed=None))
 
 
-def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], Any]]:
+def _tasks(st: _Study, sweep: bool) -> dict[str, Callable[[Steps], object]]:
     """The study's independent pieces of work, longest first (each resumable, each its own
     record of steps); the final pass then finds them done."""
-    tasks: dict[str, Callable[[Steps], Any]] = {}
+    tasks: dict[str, Callable[[Steps], object]] = {}
     if st.settings.warm_start:      # first: every protocol arm waits for it (_prerequisite)
         tasks[WARM_START] = lambda steps: _warm_start_train(st, steps)
     tasks[AUDIT_BASE] = lambda steps: _audit_base_steps(st, steps)   # the audited runs wait

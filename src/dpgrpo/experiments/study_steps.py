@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import NormalDist
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from dpgrpo.config import RunConfig, apply_overrides
 from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
@@ -25,6 +25,12 @@ from dpgrpo.config.loading import override_text
 from dpgrpo.errors import ConfigError, DataError, PrivacyError
 from dpgrpo.privacy.planning import noise_to_signal
 from dpgrpo.training.runtime import PeakRSS
+
+if TYPE_CHECKING:
+    from dpgrpo.audit.scoring import SamplingSettings
+    from dpgrpo.experiments.protocol import ProtocolPlan
+
+T = TypeVar("T")
 
 Say = Callable[[str], None]
 STUDY_JSON, STUDY_MD = "cpu-study.json", "cpu-study.md"
@@ -67,7 +73,7 @@ class Steps:
         from this record and from the other workers' records."""
         return _best(self._rows + self._others)
 
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+    def run(self, name: str, fn: Callable[[], T]) -> T:
         self.say(f"{name} ...")
         start, t0 = time.time(), time.perf_counter()
         with PeakRSS(interval=0.05) as mem:
@@ -121,7 +127,7 @@ def train_once(config: RunConfig, run_dir: Path) -> JSON:
     return json.loads((run_dir / "release" / "certificate.json").read_text())
 
 
-def _sampling(settings: StudySettings) -> Any:
+def _sampling(settings: StudySettings) -> SamplingSettings:
     from dpgrpo.audit.scoring import SamplingSettings
 
     return SamplingSettings(n_samples=settings.audit_samples,
@@ -313,7 +319,7 @@ def whitebox_audit(cert: Mapping[str, object], out: Path) -> JSON:
     return audit
 
 
-def sweep_task(plan: Any, eps: float, steps: Steps) -> tuple[Path, JSON | str]:
+def sweep_task(plan: ProtocolPlan, eps: float, steps: Steps) -> tuple[Path, JSON | str]:
     """Train and evaluate DP-GRPO at ``eps`` (sigma recalibrated, all else equal): its folder
     and certificate, or the reason it was refused."""
     from dpgrpo.experiments.protocol import eval_complete, evaluate
@@ -332,7 +338,7 @@ def sweep_task(plan: Any, eps: float, steps: Steps) -> tuple[Path, JSON | str]:
     return run_dir, cert
 
 
-def sweep_point(plan: Any, eps: float, steps: Steps) -> JSON:
+def sweep_point(plan: ProtocolPlan, eps: float, steps: Steps) -> JSON:
     """DP-GRPO at ``eps`` (:func:`sweep_task`) contrasted with the control."""
     from dpgrpo.evaluation import stats
     from dpgrpo.reports.inputs import load_arms

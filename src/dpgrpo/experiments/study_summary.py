@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from statistics import NormalDist
-from typing import Any
 
 from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
 from dpgrpo.config.experiments import BASE_ARM, NON_PRIVATE_ARM
@@ -43,7 +42,7 @@ def _runs_keys(key: str, c: Mapping[str, object]) -> JSON:
             f"{key}_seeds": c["seeds"]}
 
 
-def jsonable(x: object) -> Any:
+def jsonable(x: object) -> JSONValue:
     return json.loads(json.dumps(x, default=str))
 
 

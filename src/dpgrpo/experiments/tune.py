@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpgrpo.config import RunConfig, apply_overrides, to_toml
 from dpgrpo.config.arms import FOCAL_ARM
@@ -47,6 +47,9 @@ from dpgrpo.config.experiments import (
 )
 from dpgrpo.config.json_types import JSON, JSONValue
 from dpgrpo.errors import ConfigError, PrivacyError
+
+if TYPE_CHECKING:
+    from dpgrpo.experiments.protocol import ProtocolPlan
 
 
 def parse_grid(table: Mapping[str, object]) -> tuple[GridPoint, ...]:
@@ -165,7 +168,7 @@ def _point_dirs(out: Path, point: GridPoint) -> Path:
 
 
 def plan_point(config: RunConfig, settings: TuneSettings, point: GridPoint, out: Path,
-               n: int) -> Any:
+               n: int) -> ProtocolPlan:
     """The point's protocol plan (DP-GRPO only, ``settings.seeds`` runs, no figures) on the
     proxy."""
     from dpgrpo.experiments.protocol import ProtocolSettings, plan_protocol

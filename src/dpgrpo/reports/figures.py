@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpgrpo.errors import ConfigError
 from dpgrpo.reports.comparison import Comparison
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
-def _new_figure(width: float, height: float) -> Any:
+
+def _new_figure(width: float, height: float) -> Figure:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -6,7 +6,6 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from dpgrpo.config.json_types import JSONValue
 from dpgrpo.release.files import certified_rounds
@@ -60,7 +59,7 @@ def write_results(results: Mapping[str, JSONValue], out: Path, *, figures: Path,
     return {"json": out / "cpu-study.json", "md": out / "cpu-study.md"}
 
 
-def relative_paths(obj: object, out_dir: Path) -> Any:
+def relative_paths(obj: object, out_dir: Path) -> JSONValue:
     """``obj`` with every absolute path of this machine written relative: under the study's
     output folder relative to it (``warm-start/release``), else under the working folder
     relative to that; a committed page or record names no folder of the machine that ran it.

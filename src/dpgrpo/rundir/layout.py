@@ -21,19 +21,22 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DataError, ReleaseError
 from dpgrpo.rundir.atomic import sha256_file
 from dpgrpo.rundir.migrate import LEGACY_RELEASE_CONFIG, RELEASE_CONFIG, release_config_path
 
+if TYPE_CHECKING:
+    from dpgrpo.config.json_types import JSONValue
+
 RELEASE_DIR = "release"  # RUN_DIR/release
 CERTIFICATE = "certificate.json"
 ADAPTER = "adapter_model.safetensors"
 
 
-def read_json_or_none(path: Path) -> Any:
+def read_json_or_none(path: Path) -> JSONValue:
     """The JSON in ``path``, or None if it is missing or unreadable (an interrupted write)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))

@@ -22,7 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dpgrpo.config.json_types import JSONValue
 
 RELEASE_CONFIG = "dpgrpo_config.json"
 LEGACY_RELEASE_CONFIG = "config.json"  # releases written before dpgrpo 0.2
@@ -70,7 +73,7 @@ def release_config_path(release_dir: str | Path) -> Path:
     return current
 
 
-def certified_rounds(cert: Mapping[str, object], default: object = _REQUIRED) -> Any:
+def certified_rounds(cert: Mapping[str, object], default: object = _REQUIRED) -> JSONValue:
     """The rounds T a certificate was issued for: its ``rounds``, or ``steps`` in a certificate
     written by dpgrpo 0.2.0 or earlier (a released run directory outlives the name). Neither:
     ``default`` if given, else KeyError naming ``rounds``."""
