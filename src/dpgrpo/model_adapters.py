@@ -19,13 +19,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from dpgrpo.config import ModelConfig
 from dpgrpo.config.schema import InitKeep, KLReference, LoraTrain
 from dpgrpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 # PEFT asks transformers for `is_gradient_checkpointing`, which transformers 5 deprecates; the
 # warning says nothing actionable to a dpgrpo user.
@@ -86,7 +89,7 @@ def keep_lora_precise(model: torch.nn.Module) -> None:
             param.data = param.data.to(dtype)
 
 
-def attach_lora(model: torch.nn.Module, lora: LoraSettings = LoraSettings()) -> Any:
+def attach_lora(model: torch.nn.Module, lora: LoraSettings = LoraSettings()) -> PeftModel:
     """Wrap ``model`` in a PEFT LoRA adapter: B = 0 at start, only LoRA trainable, fp32."""
     from peft import LoraConfig, get_peft_model
 
@@ -120,7 +123,7 @@ def attach_lora(model: torch.nn.Module, lora: LoraSettings = LoraSettings()) -> 
 REFERENCE_ATTR = "_dpgrpo_reference"
 
 
-def keep_reference(model: object) -> None:
+def keep_reference(model: torch.nn.Module) -> None:
     """Make the adapter's weights as they are now the KL term's reference (a warm start).
 
     A copy of every adapter weight is kept on the model; :func:`reference_policy` computes with
@@ -131,7 +134,7 @@ def keep_reference(model: object) -> None:
 
 
 @contextmanager
-def reference_policy(model: object) -> Iterator[None]:
+def reference_policy(model: torch.nn.Module) -> Iterator[None]:
     """Run the enclosed no-grad passes as the KL term's reference policy pi_ref.
 
     A model with a kept reference (:func:`keep_reference`: a warm start under
@@ -170,7 +173,7 @@ def _trains(name: str, train: str) -> bool:
     return ".lora_B." in name and name.endswith(".bias")
 
 
-def freeze_adapter(model: object, train: str) -> None:
+def freeze_adapter(model: torch.nn.Module, train: str) -> None:
     """Freeze the adapter weights that ``model.lora_train`` does not train (config.LORA_TRAIN).
 
     A frozen weight keeps its initial value, which depends on no data (a seeded or OS-entropy
@@ -189,7 +192,7 @@ def freeze_adapter(model: object, train: str) -> None:
 FROZEN_ATTR = "_dpgrpo_frozen"
 
 
-def frozen_adapter_names(model: Any) -> frozenset[str]:
+def frozen_adapter_names(model: torch.nn.Module) -> frozenset[str]:
     """The adapter weights ``model.lora_train`` keeps frozen, frozen again (requires_grad off)."""
     frozen: frozenset[str] = getattr(model, FROZEN_ATTR, frozenset())
     if frozen:
@@ -199,7 +202,7 @@ def frozen_adapter_names(model: Any) -> frozenset[str]:
     return frozen
 
 
-def adapter_parameters(model: Any) -> dict[str, torch.nn.Parameter]:
+def adapter_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     """Every parameter of the LoRA adapter, trained or frozen (what recovery/ must restore)."""
     return {n: p for n, p in model.named_parameters() if "lora_" in n}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from dpgrpo.audit.canary import draw_inclusion
 from dpgrpo.audit.gradient_canaries import make_directions
 from dpgrpo.audit.whitebox import MECHANISMS, AuditSetup, Observation
 from dpgrpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dpgrpo.config import RunConfig
 
 
 def _named_rows(rows: torch.Tensor, params: Mapping[str, torch.Tensor]
@@ -44,7 +47,7 @@ def _flat(tensors: Mapping[str, torch.Tensor], names: list[str]) -> np.ndarray:
     return torch.cat([tensors[k].detach().reshape(-1).double().cpu() for k in names]).numpy()
 
 
-def simulate_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
+def simulate_end_to_end(config: RunConfig, run_dir: str | Path, *, canaries: int,
                         mechanism: str = "correct", canary_scale: float = 10.0,
                         direction_seed: int = 0, seed: int | None = None
                         ) -> tuple[AuditSetup, Observation]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from dpgrpo.audit.whitebox_stats import (
 )
 from dpgrpo.errors import ConfigError, MechanismAuditError
 from dpgrpo.release.files import certified_rounds
+
+if TYPE_CHECKING:
+    from dpgrpo.config import RunConfig
 
 #: Model-free audits put K canaries in K slots of their own beside the run's n (same q), so K
 #: is not limited by n; with the bound at delta' = 0.01/K (whitebox.BOUND_DELTA_MASS), about
@@ -131,7 +134,7 @@ def _fdp(scores: np.ndarray, included: np.ndarray, s: AuditSetup, confidence: fl
     simulation, or chosen on a public random half and applied to the other half."""
     common: dict[str, Any] = dict(q=s.q, sigma=s.sigma, rounds=s.rounds,
                                   delta=s.bound_delta, confidence=confidence)
-    extra: dict[str, Any] = {}
+    extra: dict[str, float] = {}
     if selection == "design":
         r, ratio = design_r(s.canaries, s.q, s.sigma, s.rounds, confidence)
         b = fdp_bound(scores, included, r=r, selection="design", **common)
@@ -191,7 +194,7 @@ def _with_calibration(audit: MechanismAudit, setup: AuditSetup, mechanism: str,
     return replace(audit, calibration=cal, seconds=audit.seconds + q1.seconds)
 
 
-def audit_end_to_end(config: Any, run_dir: str | Path, *, canaries: int,
+def audit_end_to_end(config: RunConfig, run_dir: str | Path, *, canaries: int,
                      mechanism: str = "correct", seed: int | None = None,
                      confidence: float = 0.95, selection: str = "design",
                      calibrate: bool = False) -> MechanismAudit:
@@ -242,7 +245,8 @@ def setup_from_certificate(cert: dict, *, canaries: int | None = None, **overrid
     return AuditSetup(**(fields | overrides))
 
 
-def setup_from_config(config: Any, *, canaries: int | None = None, **overrides: Any) -> AuditSetup:
+def setup_from_config(config: RunConfig, *, canaries: int | None = None,
+                      **overrides: Any) -> AuditSetup:
     """The audit's public parameters from a RunConfig, without training: n, q, T, C and the
     calibrated sigma (the trainable-coordinate count, which needs the model, defaults to
     max(K, 4096) unless given)."""

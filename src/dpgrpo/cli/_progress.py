@@ -201,7 +201,7 @@ class Heartbeat:
         self.line = first  # what the lines name until the command prints one
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._saved: tuple[Any, Any] | None = None
+        self._saved: tuple[TextIO, TextIO] | None = None
 
     def __enter__(self) -> Heartbeat:
         if not self.every_s > 0:

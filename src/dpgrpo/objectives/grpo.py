@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -29,6 +29,9 @@ from dpgrpo.model_adapters import reference_policy
 from dpgrpo.objectives import TrainBatch, masked_row_mean, row_weights_uniform, window_logprobs
 from dpgrpo.objectives.logprobs import token_logprobs
 from dpgrpo.objectives.trunk import Trunk
+
+if TYPE_CHECKING:
+    from dpgrpo.rollout.batch import RolloutBatch
 
 ADVANTAGE_MODES = ("group", "zero", "shuffled", "positive")
 
@@ -236,7 +239,7 @@ def reference_logprobs(policy_model: torch.nn.Module, rollouts: object, *,
     return out
 
 
-def build_grpo_batch(rollouts: Any, rewards: torch.Tensor,
+def build_grpo_batch(rollouts: RolloutBatch, rewards: torch.Tensor,
                      advantages: torch.Tensor | None = None,
                      ref_logprobs: torch.Tensor | None = None, *,
                      mask_truncated: bool = False, trunk: Trunk | None = None,

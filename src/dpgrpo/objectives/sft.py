@@ -13,7 +13,7 @@ gradient (lines 4-6), so they are accounted exactly like DP-GRPO at the same (q,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,6 +22,8 @@ from dpgrpo.rollout.batch import Message, chat_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from dpgrpo.rollout.batch import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ def filtered_row_weights(rewards: torch.Tensor) -> torch.Tensor:
     return accepted / accepted.sum(dim=1, keepdim=True).clamp(min=1.0)       # (B, G)
 
 
-def build_filtered_sft_batch(rollouts: Any, rewards: torch.Tensor) -> TrainBatch:
+def build_filtered_sft_batch(rollouts: RolloutBatch, rewards: torch.Tensor) -> TrainBatch:
     """TrainBatch for filtered DP-SFT from base-model rollouts and their verifier rewards."""
     b, g = rollouts.num_prompts, rollouts.group_size
     return TrainBatch(input_ids=rollouts.input_ids, attention_mask=rollouts.attention_mask,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ import torch
 _CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")
 
 
-def _digest(t: torch.Tensor | None) -> tuple[Any, ...]:
+def _digest(t: torch.Tensor | None) -> tuple[object, ...]:
     if t is None:
         return (None,)
     data = t.detach().to("cpu").contiguous()
@@ -57,7 +57,7 @@ class Trunk:
         if layer < 1:
             raise ValueError(f"a trunk needs at least one frozen layer below it, got {layer}")
         self.layer, self.keep_bytes = layer, keep_bytes
-        self._states: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        self._states: dict[tuple[object, ...], list[torch.Tensor]] = {}
         self._recording = False
         self.bytes = 0
 
@@ -158,7 +158,7 @@ def _layer_index(layer: torch.nn.Module, default: int) -> int:
     return int(getattr(getattr(layer, "self_attn", None), "layer_idx", default))
 
 
-def _skip(layer_index: int, state: torch.Tensor | None) -> Any:
+def _skip(layer_index: int, state: torch.Tensor | None) -> Callable[..., torch.Tensor]:
     """A skipped layer's forward: a one-wide cache placeholder, then the recorded state (the
     layer just below the adapted ones) or its input unchanged (the layers under that)."""
 
