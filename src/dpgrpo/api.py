@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dpgrpo.config import (
     RunConfig,
@@ -56,7 +56,11 @@ from dpgrpo.config.loading import override_strings
 from dpgrpo.config.schema import Dtype
 from dpgrpo.errors import ConfigError
 
-Overrides = Mapping[str, Any] | Sequence[str] | None
+if TYPE_CHECKING:
+    from dpgrpo.release.files import EvalDefaults
+    from dpgrpo.tasks import VerifiedTask
+
+Overrides = Mapping[str, object] | Sequence[str] | None
 RewardFn = Callable[..., Any]  # (completion, problem) -> float, or TRL's (dpgrpo.tasks.custom)
 
 
@@ -88,7 +92,7 @@ def _model_name(model: Any, tokenizer: Any, name: str | None) -> tuple[str, Dtyp
     return public, cast(Dtype, dtype), str(param.device)
 
 
-def _register(task: Any) -> str:
+def _register(task: VerifiedTask) -> str:
     from dpgrpo.tasks import register_task
 
     register_task(task, replace=True)
@@ -97,9 +101,9 @@ def _register(task: Any) -> str:
 
 def prepare(config: RunConfig | str | Path | Mapping[str, object] | None = None, *,
             model: object = None, tokenizer: object = None, model_name: str | None = None,
-            task: Any = None, problems: Iterable[Any] | None = None,
+            task: str | VerifiedTask | None = None, problems: Iterable[object] | None = None,
             rewards: RewardFn | Sequence[RewardFn] | None = None,
-            eval_problems: Iterable[Any] | None = None, n_slots: int | None = None,
+            eval_problems: Iterable[object] | None = None, n_slots: int | None = None,
             overrides: Overrides = None, **task_options: Any) -> RunConfig:
     """The :class:`RunConfig` :func:`train` runs, with the model and task registered.
 
@@ -141,7 +145,7 @@ def prepare(config: RunConfig | str | Path | Mapping[str, object] | None = None,
     return cfg
 
 
-def train(config: RunConfig | str | Path | Mapping[str, Any] | None = None, *,
+def train(config: RunConfig | str | Path | Mapping[str, object] | None = None, *,
           out: str | Path | None = None, resume: bool = False,
           progress: Callable[[dict[str, Any]], None] | None = None,
           show_private: bool = False, **kwargs: Any):
@@ -178,7 +182,7 @@ def evaluate(run: str | Path | None = None, *, out: str | Path, model: object = 
     from dpgrpo.release.files import eval_defaults
     from dpgrpo.tasks import VerifiedTask
 
-    found: dict[str, Any] = eval_defaults(run) if run is not None else {}
+    found: EvalDefaults = eval_defaults(run) if run is not None else {}
     if isinstance(task, VerifiedTask):
         task = _register(task)
     if model is not None and not isinstance(model, (str, Path)):

@@ -9,9 +9,12 @@ Thin wrappers over :mod:`dpgrpo.audit.pipeline`, :mod:`dpgrpo.audit.report` and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from dpgrpo.audit.whitebox import AuditSetup
 
 audit_app = typer.Typer(
     name="audit",
@@ -282,7 +285,7 @@ def mechanism(
     _report(audit, out, as_json, note=note)
 
 
-def _dimension_note(setup: Any, run_d: int | None) -> str | None:
+def _dimension_note(setup: AuditSetup, run_d: int | None) -> str | None:
     """The sentence that explains a simulated d other than the run's (None when they agree)."""
     d, k = setup.coordinates, setup.canaries
     if run_d is not None and int(run_d) == d:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from dpgrpo.config.json_types import JSON
 from dpgrpo.errors import DataError, ReleaseError
@@ -65,7 +65,22 @@ def run_config(path: str | Path) -> JSON:
     return config
 
 
-def eval_defaults(run_dir: str | Path) -> dict[str, Any]:
+class EvalDefaults(TypedDict, total=False):
+    """What :func:`eval_defaults` reads from a run (``dpgrpo eval --run``): its release config's
+    values, and the release folder as the adapter."""
+
+    model: str
+    task: str
+    adapter: Path
+    arm: str
+    data_dir: str | None
+    source: str
+    dtype: str
+    device: str
+    engine: str
+
+
+def eval_defaults(run_dir: str | Path) -> EvalDefaults:
     """What ``dpgrpo eval --run`` takes from a training run: model, task, adapter, arm,
     data_dir, source, dtype, device and rollout engine of its release config (:func:`run_config`:
     the model and data folders of this machine from recovery/)."""

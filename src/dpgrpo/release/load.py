@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.release.files import release_dir_of, run_config
@@ -27,7 +27,7 @@ def release_base(path: str | Path) -> str:
     from dpgrpo.model import MODEL_ALIASES, is_machine_path, public_name
 
     release = release_dir_of(path)
-    name: Any = None
+    name: object = None
     with contextlib.suppress(DataError, AttributeError):
         name = (run_config(release).get("model") or {}).get("name")  # a run here: its folder
     if not isinstance(name, str) or not name:  # no dpgrpo config: the adapter's own base

@@ -19,17 +19,22 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.privacy.contributors import Contributor, contributor_slot_count
 from dpgrpo.privacy.sampling import SlotCount
 from dpgrpo.tasks.base import LoadedSplit, Problem
 
+if TYPE_CHECKING:
+    from dpgrpo.config.json_types import JSONValue
+    from dpgrpo.config.schema import DataConfig
+    from dpgrpo.tasks.base import Task
+
 MAPPING_FIELDS = ("id", "contributor")
 
 
-def _rows(path: Path) -> Iterator[tuple[int, Any]]:
+def _rows(path: Path) -> Iterator[tuple[int, JSONValue]]:
     """``(line, object)`` of a .jsonl or .csv mapping; undecodable input raises DataError."""
     if not path.is_file():
         raise DataError("contributor mapping file not found", path=str(path))
@@ -107,7 +112,7 @@ def group_by_contributor(problems: Iterable[Problem]) -> list[tuple[str, list[Pr
     return list(groups.items())
 
 
-def contributor_slots(data: Any, task: Any, loaded: LoadedSplit,
+def contributor_slots(data: DataConfig, task: Task, loaded: LoadedSplit,
                       canaries: int) -> tuple[list[Contributor | None], SlotCount]:
     """The contributor slots of a split (before the canaries): its contributors, in order of
     first appearance, then absent slots up to ``data.n_slots`` - canaries (the count:

@@ -39,11 +39,14 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dpgrpo.errors import ConfigError, DataError, DPGRPOError, UserCodeError
 from dpgrpo.tasks.base import LoadedSplit, Problem, Verdict, VerifiedTask
 from dpgrpo.tasks.trl_rewards import TRLReward, is_trl_reward, trl_reward
+
+if TYPE_CHECKING:
+    from dpgrpo.tasks.base import Task
 
 #: ``reward(completion, problem) -> float`` (dpgrpo's convention), or TRL's
 #: ``reward(prompts, completions, completion_ids=None, **columns) -> list[float | None]``.
@@ -62,7 +65,7 @@ class RewardTask(VerifiedTask):
     reward_fns: tuple[RewardFn, ...] = ()
     reward_weights: tuple[float, ...] | None = None
     success_threshold: float = 1.0
-    records: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    records: Mapping[str, object] = field(default_factory=dict, hash=False, compare=False)
 
     #: n must come from data.n_slots or data.limit: the list's length is private (run_setup).
     requires_public_n: ClassVar[bool] = True
@@ -202,8 +205,8 @@ def to_problem(record: object, index: int, *, prefix: str, where: str = "problem
                    solution=_text(record, ("solution",), where, index + 1))
 
 
-def _records(problems: Iterable[Any], prefix: str,
-             where: str) -> tuple[list[Problem], dict[str, Any]]:
+def _records(problems: Iterable[object], prefix: str,
+             where: str) -> tuple[list[Problem], dict[str, object]]:
     out: list[Problem] = []
     records: dict[str, object] = {}
     for i, record in enumerate(problems):  # a list, or a datasets.Dataset (rows are dicts)
@@ -225,8 +228,8 @@ def _loader(problems: list[Problem]) -> Callable[..., LoadedSplit]:
     return load
 
 
-def make_task(problems: Iterable[Any], rewards: RewardFn | Sequence[RewardFn], *,
-              name: str = "custom", eval_problems: Iterable[Any] | None = None,
+def make_task(problems: Iterable[object], rewards: RewardFn | Sequence[RewardFn], *,
+              name: str = "custom", eval_problems: Iterable[object] | None = None,
               prompt: Callable[[Any], str] | None = None,
               reward_weights: Sequence[float] | None = None, success_threshold: float = 1.0,
               max_new_tokens: int = 256, gold: Callable[[Any], str] | None = None) -> RewardTask:
@@ -273,7 +276,7 @@ def make_task(problems: Iterable[Any], rewards: RewardFn | Sequence[RewardFn], *
                       success_threshold=success_threshold, records=records)
 
 
-def check_public_n(task: Any, n_slots: int | None, limit: int | None) -> None:
+def check_public_n(task: Task, n_slots: int | None, limit: int | None) -> None:
     """Refuse a task whose size is private (:class:`RewardTask`) without a public n."""
     if getattr(task, "requires_public_n", False) and n_slots is None and limit is None:
         raise ConfigError(

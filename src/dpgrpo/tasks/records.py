@@ -10,10 +10,13 @@ import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from dpgrpo.errors import ConfigError, DataError
 from dpgrpo.tasks.base import LoadedSplit, Problem
+
+if TYPE_CHECKING:
+    from dpgrpo.config.json_types import JSONValue
 
 #: One raw record: its line (or hub row number) and the decoded object, or why it failed.
 RawRecord = tuple[int, Any]
@@ -28,14 +31,14 @@ MAX_RECORD_BYTES = 1 << 20
 class Row:
     """One decoded record with its origin, for field access with located errors."""
 
-    data: Any
+    data: JSONValue
     path: str
     line: int
 
     def error(self, message: str, field: str | None = None) -> DataError:
         return DataError(message, path=self.path, line=self.line, field=field)
 
-    def value(self, field: str) -> Any:
+    def value(self, field: str) -> JSONValue:
         if not isinstance(self.data, Mapping):
             raise self.error(f"expected a JSON object, got {type(self.data).__name__}")
         if field not in self.data or self.data[field] is None:
@@ -97,7 +100,7 @@ def read_jsonl(path: Path, max_bytes: int | None = None) -> Iterator[RawRecord]:
                                         path=str(path), line=number)
 
 
-def _lines(handle: Any, max_bytes: int | None) -> Iterator[bytes | int]:
+def _lines(handle: IO[bytes], max_bytes: int | None) -> Iterator[bytes | int]:
     """The file's lines, or for a line over ``max_bytes`` (its line ending included) its size."""
     while True:
         raw = handle.readline() if max_bytes is None else handle.readline(max_bytes + 1)
