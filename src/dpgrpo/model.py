@@ -23,7 +23,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
@@ -274,7 +274,7 @@ def gguf_cache_dir(source: ModelSource) -> Path | None:
     return root / f"{path.stem}-{key.hexdigest()[:16]}"
 
 
-def _write_cache(target: Path, obj: Any) -> None:
+def _write_cache(target: Path, obj: _SavesPretrained) -> None:
     """``obj.save_pretrained`` into ``target`` atomically (temp folder + rename); failures warn."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -290,6 +290,12 @@ def _write_cache(target: Path, obj: Any) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as exc:  # read-only home, full disk: loading still works, only slower
         warnings.warn(f"could not cache the dequantized model in {target}: {exc}", stacklevel=3)
+
+
+class _SavesPretrained(Protocol):
+    """A model or tokenizer: what :func:`_write_cache` saves."""
+
+    def save_pretrained(self, save_directory: Path, /) -> object: ...
 
 
 # --- loading ------------------------------------------------------------------------------

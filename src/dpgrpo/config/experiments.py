@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from dpgrpo.config.arms import ARMS, FOCAL_ARM, ArmName, arms_with_role
 from dpgrpo.config.values import check_choices, check_finite
@@ -25,7 +24,7 @@ NON_PRIVATE_ARM, = arms_with_role("reference")  # the one sigma = 0 reference ar
 BASE_ARM = "base"   # the public base model, evaluated once (not an arm of the table)
 SFT_CLIP_NORM = 0.1143670583  # Appendix C-B
 #: the paper's supervised recipes (Appendix C-B), under every ``[protocol.recipes.<arm>]``
-DEFAULT_RECIPES: dict[str, dict[str, Any]] = {
+DEFAULT_RECIPES: dict[str, dict[str, object]] = {
     "filtered-sft": {"train.learning_rate": 5e-6, "privacy.clip_norm": SFT_CLIP_NORM},
     "gold-sft": {"train.learning_rate": 2e-5, "privacy.clip_norm": SFT_CLIP_NORM},
 }
@@ -55,7 +54,7 @@ class ProtocolSettings:
     # [protocol.recipes.<arm>]: "section.key" = value overrides of one arm, train.* (not arm,
     # rounds) and privacy.clip_norm only, merged key by key over the paper's supervised
     # recipes (Appendix C-B: filtered-sft lr 5e-6, gold-sft lr 2e-5, both C = 0.1143670583)
-    recipes: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: DEFAULT_RECIPES)
+    recipes: Mapping[str, Mapping[str, object]] = field(default_factory=lambda: DEFAULT_RECIPES)
 
     def __post_init__(self) -> None:
         check_finite(self, "protocol")
@@ -108,13 +107,13 @@ class StudySettings:
     audit_seed: int = 0  # public seed of the attack's folds and shuffles
     sweep: tuple[float, ...] = (32.0, 128.0)  # epsilons of `dpgrpo study --sweep` (each > 0)
     # [study.leaky]: overrides of the deliberately leaky non-private run the audit must detect
-    leaky: Mapping[str, Any] = field(default_factory=dict)
+    leaky: Mapping[str, object] = field(default_factory=dict)
     dp_leaky: bool = False  # also audit the leaky recipe made private (its arm's private twin)
     # [study.private_audit]: overrides of the audited DP-GRPO run (e.g. "audit.canaries")
-    private_audit: Mapping[str, Any] = field(default_factory=dict)
+    private_audit: Mapping[str, object] = field(default_factory=dict)
     # [study.warm_start]: overrides of a public warm start every protocol arm starts from
     # (public data only: the study's own training or eval data is refused)
-    warm_start: Mapping[str, Any] = field(default_factory=dict)
+    warm_start: Mapping[str, object] = field(default_factory=dict)
     audit_prompts_per_batch: int = 16  # prompts per sampling call (x audit_samples rows)
     audit_permutations: int = 50  # label shuffles of each DIBA audit's permutation test
     # stop a permutation test at this many null AUCs >= the observed one (Besag & Clifford

@@ -18,7 +18,7 @@ import io
 import tokenize
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from dpgrpo.config.experiments import EXPERIMENT_TABLES
 from dpgrpo.config.schema import AuditConfig, DataConfig, ModelConfig, PrivacyConfig, TrainConfig
@@ -103,7 +103,7 @@ def type_text(cls: type, name: str) -> str:
     return f"{text} or None" if optional else text
 
 
-def _default(f: dataclasses.Field[Any]) -> str:
+def _default(f: dataclasses.Field[object]) -> str:
     if f.default is not dataclasses.MISSING:
         return toml(f.default)
     if f.default_factory is not dataclasses.MISSING:

@@ -21,10 +21,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpgrpo.config.losses import LOSS_TYPES, REFUSED
 from dpgrpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dpgrpo.config.schema import RunConfig
 
 log = logging.getLogger(__name__)
 _UNSET = object()
@@ -47,7 +50,7 @@ class TRLSettings(Mapping[str, Any]):
     ``reward_weights``), so ``dpgrpo.train(..., **settings)`` applies it.
     """
 
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, object] = field(default_factory=dict)
     reward_weights: tuple[float, ...] | None = None
     notes: tuple[str, ...] = ()
 
@@ -66,7 +69,7 @@ class TRLSettings(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._kwargs())
 
-    def config(self, base: Any = None) -> object:
+    def config(self, base: RunConfig | None = None) -> RunConfig:
         """The overrides applied to ``base`` (a RunConfig; default: the embedded demo)."""
         from dpgrpo.config.loading import apply_overrides, embedded_default, override_strings
 

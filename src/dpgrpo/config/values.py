@@ -20,9 +20,12 @@ import math
 import types
 import typing
 from dataclasses import fields
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dpgrpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 def _integer(value: object) -> int:
@@ -138,7 +141,7 @@ def choices(literal: object) -> tuple[str, ...]:
     return tuple(typing.get_args(literal))
 
 
-def check_choices(obj: Any, section: str) -> None:
+def check_choices(obj: DataclassInstance, section: str) -> None:
     """Every field typed ``Literal[...]`` (or a list of them) holds one of its strings; else
     a ConfigError that lists them. Called by each table's ``__post_init__``."""
     for f in fields(obj):
@@ -207,7 +210,7 @@ def _show(x: float) -> str:
     return str(x) if isinstance(x, int) else f"{x:g}".replace("e+0", "e").replace("e+", "e")
 
 
-def check_finite(obj: Any, section: str) -> None:
+def check_finite(obj: DataclassInstance, section: str) -> None:
     """Every float field finite (each number of a list too) and every numeric field at most its
     :data:`MAXIMA` entry: inf or nan in a learning rate, a temperature or a privacy parameter
     would train (or certify) something meaningless without a word, and a finite but huge one
@@ -226,7 +229,8 @@ def check_finite(obj: Any, section: str) -> None:
                               "(the bounds: dpgrpo.config.values.MAXIMA)")
 
 
-def check_weights(weights: Any, key: str = "reward_weights") -> None:
+def check_weights(weights: collections.abc.Sequence[object] | None,
+                  key: str = "reward_weights") -> None:
     """Reward weights finite and of magnitude at most ``MAXIMA["reward_weights"]``: a NaN weight
     makes every reward NaN, which the reward sum counts 0 (no signal), and the run would train
     and certify on nothing without a word (issue 56)."""

@@ -15,11 +15,14 @@ decoder layer (:func:`first_adapted_layer`): the frozen layers below record no g
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from dpgrpo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 
 class _MaskedScale(torch.autograd.Function):
@@ -120,10 +123,10 @@ class LoraHooks:
     def __init__(self, model: torch.nn.Module, params: dict[str, torch.nn.Parameter],
                  out: dict[str, torch.Tensor]) -> None:   # name -> (B, *param.shape)
         self.out, self.params, self.target = out, params, 0
-        self.handles: list[Any] = []
+        self.handles: list[RemovableHandle] = []
         self.swapped: list[tuple[torch.nn.ModuleDict, str, torch.nn.Module]] = []
         self.leaves: list[torch.Tensor] = []
-        self.stash: dict[int, dict[str, Any]] = {}
+        self.stash: dict[int, dict[str, object]] = {}
         covered: set[str] = set()
         try:
             for mname, module in model.named_modules():
@@ -169,7 +172,7 @@ class LoraHooks:
             if not isinstance(dropout, (torch.nn.Dropout, torch.nn.Identity)):
                 raise ConfigError(f"unsupported LoRA dropout {type(dropout).__name__} in {mname}")
 
-            def record_mask(m: torch.Tensor | None, s: dict[str, Any] = slot) -> None:
+            def record_mask(m: torch.Tensor | None, s: dict[str, object] = slot) -> None:
                 s.__setitem__("mask", m)
 
             recorder = _RecordingDropout(p, record_mask, scaled=False)
