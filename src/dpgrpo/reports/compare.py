@@ -17,6 +17,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from dpgrpo.config.arms import FOCAL_ARM
 from dpgrpo.errors import ConfigError
 from dpgrpo.evaluation import stats
 from dpgrpo.reports.comparison import ArmSummary, Comparison, ContrastRow, Settings
@@ -25,8 +26,6 @@ from dpgrpo.reports.tables import render_report
 
 #: the per-problem archive ``run_compare`` writes beside report.json (reports.inputs)
 ARCHIVE_NAME = "predictions.json.gz"
-
-FOCAL_ARM = "dp-grpo"
 
 
 def summarize_arm(arm: ArmResults) -> ArmSummary:

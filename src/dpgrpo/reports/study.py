@@ -7,6 +7,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from dpgrpo.config.arms import CONTROL_ARM, FOCAL_ARM
 from dpgrpo.config.json_types import JSONValue
 from dpgrpo.release.files import certified_rounds
 
@@ -351,8 +352,8 @@ def _few_seeds(s: Mapping[str, JSONValue]) -> list[str]:
             f"{MIN_SEEDS_FOR_CLAIM}` or more before making the claim."]
 
 
-def _seed_spread(report: Mapping[str, object], arm: str = "dp-grpo",
-                 comparator: str = "zero-advantage") -> str:
+def _seed_spread(report: Mapping[str, object], arm: str = FOCAL_ARM,
+                 comparator: str = CONTROL_ARM) -> str:
     """Per-seed ``arm - comparator`` differences and their t-interval, with several seeds,
     labelled by the contrast they are seeds of."""
     row = next((r for r in _rows(report) if r["arm"] == arm

@@ -178,12 +178,6 @@ def _short(err: BaseException) -> str:
     return text[:120] + ("..." if len(text) > 120 else "")
 
 
-def load_recovery(recovery_dir: Path) -> dict[str, object] | None:
-    """The state of the newest intact checkpoint, or None if the run never checkpointed."""
-    found = load_checkpoint(recovery_dir)
-    return None if found is None else found.state
-
-
 def _restorable(model: Any) -> dict[str, torch.nn.Parameter]:
     """The trainable parameters and every adapter weight, frozen ones included: a frozen
     lora_A (model.lora_train = "B") was drawn at start-up and a resumed run must keep it."""
@@ -208,7 +202,6 @@ __all__ = [
     "Checkpoint",
     "checkpoint_dirs",
     "load_checkpoint",
-    "load_recovery",
     "remove_temporaries",
     "restore_adapter",
     "save_recovery",
