@@ -157,6 +157,7 @@ def run_one(name: str, model_dir: Path, run_dir: Path, rounds: int, limit: int,
             "workload": {**vs_trl.TRL_OPTIONS, "lora": vs_trl.LORA, "rounds": rounds,
                          "eval_problems": limit},
             "trl_seed": out.get("trl_seed"), "threads": torch.get_num_threads(),
+            "versions": library_versions(),
             "started": started, "train_seconds": trained - started,
             "eval_seconds": time.time() - trained, "loadavg_start": load,
             "loadavg_end": os.getloadavg()[0],
@@ -165,6 +166,20 @@ def run_one(name: str, model_dir: Path, run_dir: Path, rounds: int, limit: int,
             "telemetry": out.get("telemetry", []), "dropout_fired": fired,
             "ids": [i for i, _ in rows], "correct": [bool(c) for _, c in rows],
             "accuracy": sum(c for _, c in rows) / len(rows) if rows else 0.0}
+
+
+def library_versions() -> dict[str, str | None]:
+    """The versions a run ran with (the runs of 2026-12-03/05 kept none, and a later gap between
+    them and the interleaved runs could not be told apart from a library change)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for name in ("torch", "transformers", "peft", "trl", "accelerate", "datasets"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
 
 
 def _evaluate(model_dir: Path, adapter: Path, run_dir: Path, limit: int) -> Path:

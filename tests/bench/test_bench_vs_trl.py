@@ -236,3 +236,13 @@ def test_the_bisection_variants_each_put_back_one_difference():
                       ("dpgrpo-d2", "train.share_prompt_pass")):
         sets = vs_trl_runs.VARIANTS[name].sets
         assert {k for k in sets if sets[k] != like[k]} == {key}, name
+
+
+def test_a_record_names_the_library_versions_it_ran():
+    import vs_trl_runs
+
+    versions = vs_trl_runs.library_versions()
+    assert set(versions) >= {"torch", "transformers", "peft", "trl"}
+    assert versions["torch"] is not None and versions["torch"].split(".")[0].isdigit()
+    # a package that is not installed is recorded as None, not left out
+    assert all(v is None or isinstance(v, str) for v in versions.values())
