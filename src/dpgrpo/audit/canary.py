@@ -1,22 +1,11 @@
-"""Canaries for the one-run audit: the plan the trainer planted, and their score.
+"""Canaries for the one-run audit: their score (step 4 of the canary protocol).
 
-Protocol (Steinke, Nasr and Jagielski, 2023; DP-GRPO paper, Appendix B "Canary diagnostic"):
-
-1. Before training, :func:`make_canaries` builds k random arithmetic problems with distinct,
-   verifiable integer answers (ids ``canary-0000``...). Their content and seed are public.
-2. :func:`draw_inclusion` draws one secret bit per canary, Bernoulli(1/2), from a
-   ``torch.Generator`` or OS entropy. The trainer places the k canaries into k public slots; a
-   slot whose bit is 0 stays empty (a null record: it can be sampled but contributes nothing).
-   The canary slots are part of the slot universe n, so they enter q = m/n, delta = 1/(10 n) and
-   the accounting like any other slot.
-3. The trainer saves the :class:`CanaryPlan` under ``RUN_DIR/recovery/canaries.json``. The bits
-   are secret: :meth:`CanaryPlan.save` refuses any path inside a ``release`` folder.
-4. After training, each canary is scored from the release alone with the attack's signal
-   (:func:`canary_signal`) and :mod:`dpgrpo.audit.one_run` turns the guesses into an empirical
-   epsilon lower bound, printed beside the certified epsilon.
-
-Steps 1-3 are the trainer's (:mod:`dpgrpo.training.canaries`, below this layer); their names
-are re-exported here.
+The protocol is Steinke, Nasr and Jagielski (2023), as the DP-GRPO paper's Appendix B "Canary
+diagnostic" uses it. Steps 1-3 (the canaries' content, their secret inclusion bits and the saved
+:class:`CanaryPlan`) are the trainer's, in :mod:`dpgrpo.training.canaries` (below this layer);
+their names are re-exported here. Step 4: after training, each canary is scored from the release
+alone with the attack's signal (:func:`canary_signal`), and :mod:`dpgrpo.audit.one_run` turns
+the guesses into an empirical epsilon lower bound, printed beside the certified epsilon.
 """
 
 from __future__ import annotations
