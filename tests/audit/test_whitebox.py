@@ -216,13 +216,13 @@ def test_setup_from_the_study_config():
 
     # sigma given, as the study's calibration found it (calibrating here would take a minute)
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "cpu-study.toml",
-                      ["privacy.noise_multiplier=0.3806"])
+                      ["privacy.noise_multiplier=0.4008"])
     # its adapter has 6,912 trainable coordinates: room for fewer orthonormal canaries than
     # the default 16,000, which is refused with the reason
     with pytest.raises(ConfigError, match="16000 orthonormal canaries need at least"):
         setup_from_config(cfg, n=1000, coordinates=6_912)
     setup = setup_from_config(cfg, n=1000, coordinates=6_912, canaries=6_000)
-    assert setup.q == pytest.approx(0.016) and setup.sigma == 0.3806
+    assert setup.q == pytest.approx(0.032) and setup.sigma == 0.4008
     assert setup.certified_epsilon == pytest.approx(8.0, abs=0.01)
     assert setup.canaries == 6_000 and setup.n == 1000 + 6_000
     assert setup.audit_mode().canaries == 1000 and setup.audit_mode().q == 1.0
