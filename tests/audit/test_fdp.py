@@ -110,3 +110,19 @@ def test_the_study_page_prints_the_fdp_bound_and_explains_an_auc_below_one_half(
     assert "DP-GRPO run the AUC's interval lies wholly below 0.5 (two-sided permutation p = " \
            "0.04)" in note and "flipped, AUC 0.703" in note and "leaky run" not in note
     assert "lies above 0.5" in _auc_side_notes(s | {"audit_dp_auc_ci": [0.6, 0.8]}, {})
+
+
+def test_an_interval_above_one_half_is_a_leak_only_when_the_permutation_test_rejects():
+    """2026-12-07's study: DIBA on DP-GRPO 0.654 [0.510, 0.790] with permutation p = 0.059.
+    The bootstrap interval leaves out the classifier's fitting, so the page's verdict follows
+    the one-sided permutation test (its stated test for leakage), not the interval."""
+    from dpgrpo.reports.study import _auc_side_notes
+
+    s = {"audit_dp_auc": 0.654, "audit_dp_auc_ci": [0.510, 0.790], "audit_dp_auc_ceiling": 0.847}
+    weak = _auc_side_notes(s, {"private_mia": {"permutation": {
+        "p_value": 0.059, "p_value_two_sided": 0.12}}})
+    assert "does not reject at 0.05 (one-sided p = 0.059, two-sided 0.12): no leak is shown" \
+        in weak and "separates members" not in weak and "allows at most 0.847" in weak
+    strong = _auc_side_notes(s, {"private_mia": {"permutation": {
+        "p_value": 0.02, "p_value_two_sided": 0.039}}})
+    assert "the attack separates members" in strong and "no leak is shown" not in strong

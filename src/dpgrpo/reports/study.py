@@ -263,6 +263,10 @@ def _perm(s: Mapping[str, JSONValue], key: str) -> str:
             f"{_ci(s[f'{key}_null'], 3)})")
 
 
+#: The level of the permutation test that decides whether an audit shows a leak (one-sided,
+#: fixed in advance, as the study's own text says).
+LEAK_LEVEL = 0.05
+
 _AUDITS = (("audit_leaky_auc", "leaky_mia", "the leaky run"),
            ("audit_dp_auc", "private_mia", "the DP-GRPO run"),
            ("audit_dp_leaky_auc", "dp_leaky_mia", "the leaky recipe under DP"))
@@ -282,8 +286,18 @@ def _auc_side_notes(s: Mapping[str, JSONValue], results: Mapping[str, JSONValue]
         p2 = "" if two is None else f" (two-sided permutation p = {two:.2g})"
         if low > 0.5:
             ceiling = s.get(f"{key}_ceiling")
+            one = test.get("p_value")
+            if one is None or one <= LEAK_LEVEL:
+                verdict = (f" On {what} the AUC's interval lies above 0.5{p2}: the attack "
+                           "separates members")
+            else:  # the interval leaves out the fitting; the permutation test decides
+                both = "" if two is None else f", two-sided {two:.2g}"
+                verdict = (
+                    f" On {what} the AUC's bootstrap interval lies above 0.5, but the "
+                    f"permutation test, which also counts the classifier's fitting, does not "
+                    f"reject at {LEAK_LEVEL:g} (one-sided p = {one:.2g}{both}): no leak is shown")
             notes.append(
-                f" On {what} the AUC's interval lies above 0.5{p2}: the attack separates members"
+                verdict
                 + ("" if ceiling is None else
                    f"; the certificate allows at most {ceiling:.3f}, and an AUC above that "
                    "would be a bug") + ".")
