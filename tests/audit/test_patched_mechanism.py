@@ -15,7 +15,7 @@ from dpgrpo.audit.whitebox import AuditSetup
 from dpgrpo.errors import MechanismAuditError
 from dpgrpo.privacy import mechanism, noise
 
-#: the CPU study's q, T and sigma until 2026-12-07 (n 1,000, m 16, T 12, epsilon 8) with 4,000 canaries
+#: the CPU study's q, T and sigma until 2026-12-07 (n 1,000, m 16, T 12, epsilon 8), 4,000 canaries
 SETUP = AuditSetup(n=5000, q=0.016, rounds=12, sigma=0.38064, clip_norm=0.055, delta=1e-4,
                    coordinates=4096, canaries=4000, certified_epsilon=8.0)
 
